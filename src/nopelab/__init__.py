@@ -1,0 +1,3 @@
+"""nopelab: where transformers without positional encodings keep position."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from nopelab.cli import main
+
+main()

@@ -1,0 +1,85 @@
+"""Run a model over generated inputs and reduce the chosen sites' statistics on the fly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from nopelab.capture import CaptureResult, StreamingCapture
+from nopelab.config import AnalysisConfig, ModelConfig
+from nopelab.errors import ConfigError
+from nopelab.model import Transformer
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when present; an unavailable device is a user error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(
+            "device", f"{name!r} requested but CUDA is not available; use cpu or auto"
+        )
+    if name.startswith("mps") and not torch.backends.mps.is_available():
+        raise ConfigError("device", f"{name!r} requested but MPS is not available; use cpu or auto")
+    return torch.device(name)
+
+
+def build_model(cfg: ModelConfig, seed: int) -> Transformer:
+    """A randomly initialised model; the same seed gives the same weights on every device."""
+    torch.manual_seed(seed)
+    return Transformer(cfg).eval()
+
+
+def input_batches(model_cfg: ModelConfig, cfg: AnalysisConfig) -> Iterator[dict[str, torch.Tensor]]:
+    """Model inputs, batch by batch: N(0, 1) vectors (Chi et al.) or uniform token ids.
+
+    Drawn on the CPU from their own generator (seed + 1), so they do not depend on the device.
+    """
+    generator = torch.Generator().manual_seed(cfg.seed + 1)
+    for start in range(0, cfg.samples, cfg.batch_size):
+        B = min(cfg.batch_size, cfg.samples - start)
+        if cfg.input == "random":
+            yield {
+                "inputs_embeds": torch.randn(B, cfg.seq_len, model_cfg.d_model, generator=generator)
+            }
+        else:
+            yield {
+                "idx": torch.randint(model_cfg.vocab_size, (B, cfg.seq_len), generator=generator)
+            }
+
+
+def progress_bar(transient: bool = True) -> Progress:
+    """A progress bar on stderr, shown only when stderr is a terminal."""
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=transient,
+        disable=not console.is_terminal,
+    )
+
+
+@torch.inference_mode()
+def analyze_model(
+    model: Transformer, cfg: AnalysisConfig, description: str = "analyze", progress: bool = True
+) -> CaptureResult:
+    """Feed ``cfg.samples`` generated sequences through ``model`` and return the reduced stats."""
+    device = resolve_device(cfg.device)
+    dtype = getattr(torch, cfg.dtype)
+    model = model.to(device=device, dtype=dtype).eval()
+    capture = StreamingCapture(model, cfg.sites, cfg.seq_len, cfg.attn_entropy, device)
+    with capture, progress_bar() as bar:
+        task = bar.add_task(description, total=cfg.samples, visible=progress)
+        for batch in input_batches(model.cfg, cfg):
+            inputs = {k: v.to(device) for k, v in batch.items()}
+            if "inputs_embeds" in inputs:
+                inputs["inputs_embeds"] = inputs["inputs_embeds"].to(dtype)
+            model(**inputs)
+            bar.advance(task, len(next(iter(batch.values()))))
+    return capture.result()

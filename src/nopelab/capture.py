@@ -1,0 +1,103 @@
+"""Named capture sites and the hooks that stream their statistics during a forward pass.
+
+Sites: ``embed`` (layer 0, the input to the first block) and, for blocks 1..L, ``attn_out``
+(attention output after the projection, before the residual add), ``resid_mid``, ``mlp_out``
+and ``resid_post``. :class:`StreamingCapture` attaches a :class:`~nopelab.stats.SiteStats` to each
+chosen site; every forward pass inside the ``with`` block folds its batch into them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from nopelab.config import BLOCK_SITES, SITES
+from nopelab.model import Transformer
+from nopelab.stats import AttentionResult, AttentionStats, SiteResult, SiteStats
+
+SiteKey = tuple[str, int]  # (site, layer)
+
+
+def site_modules(model: Transformer, sites: Iterable[str] = SITES) -> dict[SiteKey, nn.Module]:
+    """The hook point of every requested site, keyed by (site, layer); layer 0 is ``embed``."""
+    modules: dict[SiteKey, nn.Module] = {}
+    for site in sites:
+        if site == "embed":
+            modules[("embed", 0)] = model.hook_embed
+        elif site in BLOCK_SITES:
+            for layer, block in enumerate(model.blocks, start=1):
+                modules[(site, layer)] = getattr(block, f"hook_{site}")
+        else:
+            raise ValueError(f"unknown site {site!r}; allowed: {', '.join(SITES)}")
+    return dict(sorted(modules.items(), key=lambda item: (item[0][1], SITES.index(item[0][0]))))
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """Everything one analysis reduced: per-site statistics and, if asked, per-layer attention."""
+
+    sites: dict[SiteKey, SiteResult]
+    attention: dict[int, AttentionResult]
+
+
+class StreamingCapture:
+    """Context manager that reduces the chosen sites' activations on the fly.
+
+    >>> with StreamingCapture(model, ["attn_out"], seq_len=64) as capture:
+    ...     model(inputs_embeds=x)
+    >>> capture.result().sites[("attn_out", 1)].variance
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        sites: Iterable[str],
+        seq_len: int,
+        attn_entropy: bool = False,
+        device: torch.device | str = "cpu",
+    ):
+        self.model = model
+        self.stats = {key: SiteStats(seq_len, device) for key in site_modules(model, sites)}
+        self.attention: dict[int, AttentionStats] = {}
+        if attn_entropy:
+            causal = not model.cfg.bidirectional
+            self.attention = {
+                layer: AttentionStats(seq_len, causal, device)
+                for layer in range(1, model.cfg.n_layers + 1)
+            }
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def __enter__(self) -> StreamingCapture:
+        modules = site_modules(self.model, {site for site, _ in self.stats})
+        for key, stats in self.stats.items():
+            self._handles.append(modules[key].register_forward_hook(_reducer(stats.update)))
+        for layer, stats in self.attention.items():
+            attn = self.model.blocks[layer - 1].attn
+            self._handles.append(
+                attn.hook_scores.register_forward_hook(_reducer(stats.update_scores))
+            )
+            self._handles.append(
+                attn.hook_probs.register_forward_hook(_reducer(stats.update_probs))
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def result(self) -> CaptureResult:
+        return CaptureResult(
+            sites={key: stats.result() for key, stats in self.stats.items()},
+            attention={layer: stats.result() for layer, stats in self.attention.items()},
+        )
+
+
+def _reducer(update):
+    def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        update(output)
+
+    return hook

@@ -1,0 +1,248 @@
+"""Validated configuration dataclasses.
+
+Every field is checked when the object is built, so a bad value fails early with a
+one-line :class:`~nopelab.errors.ConfigError` that names the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+from nopelab.errors import ConfigError
+
+POS_ENCODINGS = ("none", "learned", "sinusoidal", "rope", "alibi")
+INITS = (
+    "normal",
+    "gpt2",
+    "xavier_normal",
+    "xavier_uniform",
+    "kaiming_uniform",
+    "uniform",
+    "pytorch",
+)
+NORMS = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")
+INPUTS = ("random", "tokens")
+DTYPES = ("float32", "bfloat16", "float16")
+SITES = ("embed", "attn_out", "resid_mid", "mlp_out", "resid_post")
+BLOCK_SITES = SITES[1:]
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(name, f"unknown value {value!r}; allowed: {', '.join(allowed)}")
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(name, f"must be > 0, got {value!r}")
+
+
+def _as_tuple(name: str, value: Any) -> tuple:
+    """A list setting as a tuple; a bare string or scalar is a ConfigError (not a TypeError)."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ConfigError(name, f"expected a list, got {value!r}")
+    return tuple(value)
+
+
+def _check_types(obj: Any) -> None:
+    """Reject values of the wrong type (e.g. a string where an int belongs)."""
+    hints = get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, hint = getattr(obj, f.name), hints[f.name]
+        expected = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}.get(hint)
+        if expected is None:
+            continue
+        if (isinstance(value, bool) and hint is not bool) or not isinstance(value, expected):
+            raise ConfigError(f.name, f"expected {hint.__name__}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only transformer with switchable positional encoding.
+
+    Defaults follow the nanoGPT-style model of Zuo et al. (6 layers, 6 heads, d=384,
+    character vocabulary, pre-LN, no biases, tied embeddings).
+    """
+
+    vocab_size: int = 96
+    d_model: int = 384
+    n_layers: int = 6
+    n_heads: int = 6
+    max_seq_len: int = 256
+    pos_encoding: str = "none"
+    nope_layers: tuple[int, ...] = ()  # 1-based layers whose attention ignores rope/alibi
+    rope_theta: float = 10000.0
+    bidirectional: bool = False
+    norm: str = "layernorm"
+    norm_position: str = "pre"
+    norm_eps: float = 1e-5
+    bias: bool = False
+    mlp_ratio: int = 4
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+    init: str = "normal"
+    init_std: float = 0.02  # sigma for normal/gpt2; half-width a for uniform(-a, a)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nope_layers", _as_tuple("nope_layers", self.nope_layers))
+        _check_types(self)
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "mlp_ratio"):
+            _positive(name, getattr(self, name))
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                "d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}"
+            )
+        if self.pos_encoding == "rope" and self.head_dim % 2:
+            raise ConfigError("d_model", f"rope needs an even head dimension, got {self.head_dim}")
+        _choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
+        _choice("norm", self.norm, NORMS)
+        _choice("norm_position", self.norm_position, NORM_POSITIONS)
+        _choice("init", self.init, INITS)
+        _positive("init_std", self.init_std)
+        _positive("norm_eps", self.norm_eps)
+        _positive("rope_theta", self.rope_theta)
+        if not 0 <= self.dropout < 1:
+            raise ConfigError("dropout", f"must be in [0, 1), got {self.dropout!r}")
+        for layer in self.nope_layers:
+            if isinstance(layer, bool) or not isinstance(layer, int):
+                raise ConfigError("nope_layers", f"expected layer numbers, got {layer!r}")
+            if not 1 <= layer <= self.n_layers:
+                raise ConfigError(
+                    "nope_layers", f"layer {layer} is outside 1..{self.n_layers} (1-based)"
+                )
+        if self.nope_layers and self.pos_encoding not in ("rope", "alibi"):
+            raise ConfigError(
+                "nope_layers",
+                "only applies to attention-level encodings (rope, alibi), "
+                f"not pos_encoding={self.pos_encoding!r}",
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def attention_pe_layers(self) -> list[bool]:
+        """Per layer (0-based list), whether attention applies rope/alibi."""
+        uses = self.pos_encoding in ("rope", "alibi")
+        return [uses and (i + 1) not in self.nope_layers for i in range(self.n_layers)]
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    """What to feed a model and which statistics to collect."""
+
+    seq_len: int = 256
+    samples: int = 64
+    batch_size: int = 8
+    input: str = "random"  # random input vectors (Chi et al.) or uniformly random token ids
+    sites: tuple[str, ...] = SITES
+    attn_entropy: bool = False
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sites", _as_tuple("sites", self.sites))
+        _check_types(self)
+        for name in ("seq_len", "samples", "batch_size"):
+            _positive(name, getattr(self, name))
+        if self.seq_len < 3:
+            raise ConfigError(
+                "seq_len", f"must be >= 3 for the adjacency score, got {self.seq_len}"
+            )
+        _choice("input", self.input, INPUTS)
+        _choice("dtype", self.dtype, DTYPES)
+        if not self.sites:
+            raise ConfigError("sites", f"needs at least one of: {', '.join(SITES)}")
+        for site in self.sites:
+            _choice("sites", site, SITES)
+        if self.device != "auto" and not self.device.startswith(("cpu", "cuda", "mps")):
+            raise ConfigError(
+                "device", f"unknown device {self.device!r}; allowed: auto, cpu, cuda[:N], mps"
+            )
+
+    def check_model(self, model: ModelConfig) -> None:
+        """Reject combinations that the model cannot run."""
+        if model.pos_encoding == "learned" and self.seq_len > model.max_seq_len:
+            raise ConfigError(
+                "seq_len",
+                f"{self.seq_len} exceeds the learned position table (max_seq_len={model.max_seq_len})",
+            )
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A model and an analysis: what a run directory's ``config.json`` holds."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+
+    def __post_init__(self) -> None:
+        self.analysis.check_model(self.model)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {
+            "model": dataclasses.asdict(self.model),
+            "analysis": dataclasses.asdict(self.analysis),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "config") -> RunConfig:
+        unknown = set(data) - {"model", "analysis"}
+        if unknown:
+            raise ConfigError(
+                where, f"unknown section {sorted(unknown)[0]!r}; allowed: model, analysis"
+            )
+        return cls(
+            model=build(ModelConfig, data.get("model", {}), f"{where}.model"),
+            analysis=build(AnalysisConfig, data.get("analysis", {}), f"{where}.analysis"),
+        )
+
+
+def build(cls: type, values: dict[str, Any], where: str) -> Any:
+    """Build a config dataclass from a mapping, rejecting unknown keys."""
+    if not isinstance(values, dict):
+        raise ConfigError(where, f"expected a table of settings, got {values!r}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in values:
+        if key not in names:
+            raise ConfigError(where, f"unknown key {key!r}; allowed: {', '.join(names)}")
+    return cls(**values)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML, YAML or JSON config file into a mapping; any problem is a one-line error."""
+    path = Path(path)
+    loaders = {".toml": "TOML", ".yaml": "YAML", ".yml": "YAML", ".json": "JSON"}
+    kind = loaders.get(path.suffix.lower())
+    if kind is None:
+        raise ConfigError(
+            "--config", f"{path}: unknown file type; allowed: .toml, .yaml, .yml, .json"
+        )
+    if not path.is_file():
+        raise ConfigError("--config", f"{path}: no such file")
+    try:
+        text = path.read_text()
+        if kind == "TOML":
+            data = tomllib.loads(text)
+        elif kind == "YAML":
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError("--config", f"{path}: not valid {kind}: {detail}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            "--config", f"{path}: expected a mapping with [model] and [analysis] sections"
+        )
+    data.pop("environment", None)  # written into run directories' config.json; not a setting
+    return data

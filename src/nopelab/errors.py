@@ -1,0 +1,13 @@
+"""User-facing errors: one line, naming the field and what is allowed."""
+
+
+class UserError(Exception):
+    """Bad input from the user. The CLI prints it on one line and exits with status 2."""
+
+
+class ConfigError(UserError):
+    """An invalid configuration value."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")

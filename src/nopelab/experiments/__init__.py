@@ -1,0 +1,30 @@
+"""One module per reproduced paper; each part validates its settings, then runs into a folder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nopelab.experiments import chi2023, zuo2025
+
+
+@dataclass(frozen=True)
+class Part:
+    """``settings(scale, seed, device)`` validates and resolves; ``run(settings, out)`` writes."""
+
+    settings: Callable[[str, int, str], Any]
+    run: Callable[[Any, Path], None]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    parts: dict[str, Part]
+    default_part: str
+
+
+EXPERIMENTS = {
+    "chi2023": Experiment({"random-init": Part(chi2023.settings, chi2023.run)}, "random-init"),
+    "zuo2025": Experiment({"random-init": Part(zuo2025.settings, zuo2025.run)}, "random-init"),
+}

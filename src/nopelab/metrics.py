@@ -1,0 +1,173 @@
+"""Per-sample metrics of one site's activations, exactly as defined in the design notes (§3).
+
+For one sequence ``h`` of shape (T, d) at one site:
+
+* per-position variance ``v_t = mean_i (h_ti - mean_i h_ti)^2`` and norm ``||h_t||``;
+* the self-cosine-similarity matrix ``S_ij = cos(h_i, h_j)``;
+* the adjacency probability score: over rows i and earlier pairs j < k < i, the fraction
+  with ``S_ik > S_ij`` (ties fail), pooled over rows: ``A = sum_i #{...} / C(T, 3)``;
+  its signed form ``(concordant - discordant) / pairs``;
+* the norm score: the same count on the single row ``-||h||``, i.e. the fraction of pairs
+  j < k with ``||h_k|| < ||h_j||`` (norms shrinking with position, the variance hypothesis).
+
+Counting is exact and takes O(n log n) per row (a merge sort that counts ordered pairs), so
+a T x T matrix costs O(T^2 log T); triples are never enumerated. The kernel is compiled with
+numba and runs on the CPU; tensors on other devices are copied there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+import torch
+from torch import Tensor
+
+EPS = 1e-12
+
+# OpenMP threads sleep between calls; numba's default workqueue layer contends with PyTorch's
+# OpenMP pool and slowed the surrounding tensor ops several-fold in our measurements.
+numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
+
+
+def position_variance(h: Tensor) -> Tensor:
+    """(B, T, d) -> (B, T): variance across hidden dimensions at each position."""
+    return h.var(dim=-1, unbiased=False)
+
+
+def cosine_matrix(h: Tensor) -> Tensor:
+    """(B, T, d) -> (B, T, T): cosine similarity of every pair of positions (zero vectors give 0)."""
+    unit = h / h.norm(dim=-1, keepdim=True).clamp_min(EPS)
+    return unit @ unit.transpose(-2, -1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _sort_and_count(buf, tmp, n):  # pragma: no cover - compiled
+    """Merge-sort ``buf[:n]`` in place; return (#pairs j<k with x_j < x_k, #pairs with x_j == x_k)."""
+    increasing = 0
+    width = 1
+    while width < n:
+        lo = 0
+        while lo < n - width:
+            mid = lo + width
+            hi = min(lo + 2 * width, n)
+            i, j, o = lo, mid, lo
+            while i < mid and j < hi:
+                if buf[i] < buf[j]:  # buf[i] is below every remaining right-half element
+                    increasing += hi - j
+                    tmp[o] = buf[i]
+                    i += 1
+                else:
+                    tmp[o] = buf[j]
+                    j += 1
+                o += 1
+            while i < mid:
+                tmp[o] = buf[i]
+                i += 1
+                o += 1
+            while j < hi:
+                tmp[o] = buf[j]
+                j += 1
+                o += 1
+            for t in range(lo, hi):
+                buf[t] = tmp[t]
+            lo += 2 * width
+        width *= 2
+    ties = 0
+    run = 0
+    for t in range(1, n):
+        run = run + 1 if buf[t] == buf[t - 1] else 0
+        ties += run
+    return increasing, ties
+
+
+@numba.njit(cache=True, parallel=True)
+def _pair_counts(rows, lengths):  # pragma: no cover - compiled
+    """For each row r, count ordered and tied pairs among its first ``lengths[r]`` entries."""
+    R = rows.shape[0]
+    increasing = np.zeros(R, np.int64)
+    ties = np.zeros(R, np.int64)
+    for r in numba.prange(R):
+        n = lengths[r]
+        buf = rows[r, :n].copy()
+        tmp = np.empty(n, rows.dtype)
+        increasing[r], ties[r] = _sort_and_count(buf, tmp, n)
+    return increasing, ties
+
+
+def pair_counts(rows: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: #{j < k < n: x_j < x_k} and #{j < k < n: x_j == x_k}, with n = lengths[row].
+
+    ``rows`` is (R, T) float; ``lengths`` is (R,) int. Exact, O(n log n) per row.
+    """
+    rows = np.ascontiguousarray(rows)
+    return _pair_counts(rows, np.ascontiguousarray(lengths, dtype=np.int64))
+
+
+def _to_numpy(x: Tensor | np.ndarray) -> np.ndarray:
+    """float32 for float32 and narrower floats; float64 otherwise, so that no ties are invented."""
+    if isinstance(x, Tensor):
+        x = x.detach().cpu()
+        x = x.numpy() if x.dtype == torch.float64 else x.float().numpy()
+    x = np.asarray(x)
+    narrow = np.issubdtype(x.dtype, np.floating) and x.dtype.itemsize <= 4
+    return np.ascontiguousarray(x, dtype=np.float32 if narrow else np.float64)
+
+
+@dataclass(frozen=True)
+class PairScores:
+    """Per-sample scores: ``score`` = P(nearer is more similar); ``signed`` = (conc - disc) / pairs."""
+
+    score: np.ndarray
+    signed: np.ndarray
+
+
+def adjacency_score(similarity: Tensor | np.ndarray) -> PairScores:
+    """Adjacency probability score of each (T, T) similarity matrix in a (B, T, T) batch.
+
+    Row i compares earlier positions j < k < i: a pair is concordant when ``S_ik > S_ij``,
+    discordant when ``S_ik < S_ij``, and a tie otherwise (ties count as failures).
+    """
+    s = _to_numpy(similarity)
+    B, T, _ = s.shape
+    # Row i's earlier entries S_ij (j < i) are ordered by j; k > j is nearer to i.
+    lengths = np.tile(np.arange(T), B)
+    increasing, ties = pair_counts(s.reshape(B * T, T), lengths)
+    concordant = increasing.reshape(B, T).sum(axis=1)
+    tied = ties.reshape(B, T).sum(axis=1)
+    pairs = T * (T - 1) * (T - 2) // 6  # sum_i C(i - 1, 2) = C(T, 3)
+    discordant = pairs - concordant - tied
+    return PairScores(concordant / pairs, (concordant - discordant) / pairs)
+
+
+def norm_score(norms: Tensor | np.ndarray) -> PairScores:
+    """Variance-hypothesis counterpart on (B, T) norms: P(||h_k|| < ||h_j||) over pairs j < k."""
+    x = -_to_numpy(norms)
+    B, T = x.shape
+    increasing, ties = pair_counts(x, np.full(B, T))
+    pairs = T * (T - 1) // 2
+    discordant = pairs - increasing - ties
+    return PairScores(increasing / pairs, (increasing - discordant) / pairs)
+
+
+def adjacency_score_bruteforce(similarity: Tensor | np.ndarray) -> PairScores:
+    """O(T^3) reference: compare every triple j < k < i directly (for tests and benchmarks)."""
+    s = _to_numpy(similarity)
+    B, T, _ = s.shape
+    concordant = np.zeros(B, np.int64)
+    discordant = np.zeros(B, np.int64)
+    for i in range(2, T):
+        row = s[:, i, :i]  # (B, i): S_ij for j < i
+        nearer, farther = row[:, None, :], row[:, :, None]  # [b, j, k] = S_ik vs S_ij
+        upper = np.triu(np.ones((i, i), dtype=bool), k=1)  # j < k
+        concordant += ((nearer > farther) & upper).sum(axis=(1, 2))
+        discordant += ((nearer < farther) & upper).sum(axis=(1, 2))
+    pairs = T * (T - 1) * (T - 2) // 6
+    return PairScores(concordant / pairs, (concordant - discordant) / pairs)
+
+
+def cosine_by_distance(mean_cosine: np.ndarray) -> np.ndarray:
+    """Mean of a (T, T) matrix's sub-diagonals: entry k is the mean of S[i, i - k], k = 0..T-1."""
+    T = mean_cosine.shape[0]
+    return np.array([np.diagonal(mean_cosine, offset=-k).mean() for k in range(T)])

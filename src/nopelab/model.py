@@ -1,0 +1,314 @@
+"""A decoder-only transformer with switchable positional encodings, in one file.
+
+Positional encodings come in two kinds, each a small swappable part with a null object:
+
+* added to the input embedding: ``NoPositionalEmbedding`` (NoPE), ``LearnedPositionalEmbedding``,
+  ``SinusoidalPositionalEmbedding``;
+* applied inside attention: ``NoAttentionPE`` (NoPE), ``RotaryPE`` (RoPE), ``ALiBiPE``.
+  ``ModelConfig.nope_layers`` switches the attention-level encoding off in chosen layers,
+  the way SmolLM3 and Llama 4 interleave NoPE layers with RoPE layers.
+
+Every block exposes named :class:`HookPoint` sites (``attn_out``, ``resid_mid``, ``mlp_out``,
+``resid_post``); the model exposes ``embed``. Capture code attaches forward hooks to them.
+Attention runs through ``scaled_dot_product_attention`` unless someone hooks the attention
+scores or probabilities, which only the explicit path materialises.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nopelab.config import ModelConfig
+
+
+class HookPoint(nn.Identity):
+    """An identity module marking a named site where activations can be observed."""
+
+
+# ---------------------------------------------------------------- input-level encodings
+
+
+class NoPositionalEmbedding(nn.Module):
+    """NoPE: the input embedding carries no position."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """A trained table of absolute position vectors (GPT-2)."""
+
+    def __init__(self, max_seq_len: int, d_model: int):
+        super().__init__()
+        self.table = nn.Embedding(max_seq_len, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        T = x.shape[1]
+        if self.table.num_embeddings < T:
+            raise ValueError(
+                f"sequence length {T} exceeds the learned table ({self.table.num_embeddings})"
+            )
+        return x + self.table.weight[:T]
+
+
+def sinusoidal_table(length: int, d_model: int) -> Tensor:
+    """The fixed encoding of Vaswani et al.: sin on even, cos on odd coordinates."""
+    position = torch.arange(length, dtype=torch.float64)[:, None]
+    inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(length, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq[: d_model // 2])
+    return table.float()
+
+
+class SinusoidalPositionalEmbedding(nn.Module):
+    """Fixed sinusoids added to the input; defined for any length."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.d_model = d_model
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + sinusoidal_table(x.shape[1], self.d_model).to(x.device, x.dtype)
+
+
+# ------------------------------------------------------------ attention-level encodings
+
+
+class NoAttentionPE(nn.Module):
+    """NoPE inside attention: queries and keys are left alone, no bias."""
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return q, k
+
+    def bias(self, T: int, causal: bool, device: torch.device) -> Tensor | None:
+        return None
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RotaryPE(NoAttentionPE):
+    """RoPE (Su et al.) in the half-split layout that Llama and GPT-NeoX use."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        T = q.shape[-2]
+        freqs = torch.outer(torch.arange(T, device=q.device, dtype=torch.float32), self.inv_freq)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Head slopes of Press et al.: a geometric sequence, interleaved for non-powers of two."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    closest = 2 ** math.floor(math.log2(n_heads))
+    slopes = power_of_two(closest)
+    slopes += power_of_two(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes)
+
+
+class ALiBiPE(NoAttentionPE):
+    """ALiBi: a per-head linear penalty on query-key distance, added to the logits."""
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def bias(self, T: int, causal: bool, device: torch.device) -> Tensor:
+        pos = torch.arange(T, device=device)
+        distance = (
+            (pos[:, None] - pos[None, :]).abs().float()
+        )  # (T, T); only j <= i is used when causal
+        return -self.slopes.to(device)[:, None, None] * distance  # (H, T, T)
+
+
+def make_input_pe(cfg: ModelConfig) -> nn.Module:
+    if cfg.pos_encoding == "learned":
+        return LearnedPositionalEmbedding(cfg.max_seq_len, cfg.d_model)
+    if cfg.pos_encoding == "sinusoidal":
+        return SinusoidalPositionalEmbedding(cfg.d_model)
+    return NoPositionalEmbedding()
+
+
+def make_attention_pe(cfg: ModelConfig, layer: int) -> NoAttentionPE:
+    if not cfg.attention_pe_layers()[layer]:
+        return NoAttentionPE()
+    if cfg.pos_encoding == "rope":
+        return RotaryPE(cfg.head_dim, cfg.rope_theta)
+    return ALiBiPE(cfg.n_heads)
+
+
+# ------------------------------------------------------------------------------ blocks
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention, causal unless the config says bidirectional."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.causal = not cfg.bidirectional
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.pe = make_attention_pe(cfg, layer)
+        self.dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.hook_scores = HookPoint()  # (B, H, T, T) scaled logits incl. position bias, unmasked
+        self.hook_probs = HookPoint()  # (B, H, T, T) attention probabilities
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, C = x.shape
+        q, k, v = (
+            t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+            for t in self.qkv(x).split(C, dim=2)
+        )
+        q, k = self.pe.rotate(q, k)
+        bias = self.pe.bias(T, self.causal, x.device)
+        if self.hook_scores._forward_hooks or self.hook_probs._forward_hooks:
+            y = self._explicit(q, k, v, bias)
+        else:
+            y = self._fused(q, k, v, bias)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(self.proj(y))
+
+    def _causal_mask(self, T: int, device: torch.device) -> Tensor:
+        return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+
+    def _fused(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+        p = self.dropout if self.training else 0.0
+        if bias is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
+        mask = bias.to(q.dtype)
+        if self.causal:
+            mask = mask.masked_fill(~self._causal_mask(q.shape[-2], q.device), float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+
+    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        if bias is not None:
+            scores = scores + bias.to(scores.dtype)
+        scores = self.hook_scores(scores)
+        if self.causal:
+            scores = scores.masked_fill(~self._causal_mask(q.shape[-2], q.device), float("-inf"))
+        probs = self.hook_probs(scores.softmax(dim=-1))
+        return F.dropout(probs, self.dropout, self.training) @ v
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = cfg.mlp_ratio * cfg.d_model
+        self.fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
+        self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """One transformer layer, pre-LN (GPT-2) or post-LN (original Transformer)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.pre_norm = cfg.norm_position == "pre"
+        self.norm_1, self.norm_2 = make_norm(cfg), make_norm(cfg)
+        self.attn = Attention(cfg, layer)
+        self.mlp = MLP(cfg)
+        self.hook_attn_out = HookPoint()  # attention output after the projection, before the add
+        self.hook_resid_mid = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.pre_norm:
+            x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.norm_1(x))))
+            return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.norm_2(x))))
+        x = self.hook_resid_mid(self.norm_1(x + self.hook_attn_out(self.attn(x))))
+        return self.hook_resid_post(self.norm_2(x + self.hook_mlp_out(self.mlp(x))))
+
+
+class Transformer(nn.Module):
+    """Token ids or input vectors in, next-token logits out."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = make_input_pe(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.hook_embed = HookPoint()
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm_f = make_norm(cfg) if cfg.norm_position == "pre" else nn.Identity()
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        init_weights(self, cfg)
+
+    def forward(self, idx: Tensor | None = None, *, inputs_embeds: Tensor | None = None) -> Tensor:
+        """``idx``: (B, T) token ids, or ``inputs_embeds``: (B, T, d) vectors. Returns (B, T, V)."""
+        if (idx is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of idx and inputs_embeds")
+        x = self.embed(idx) if inputs_embeds is None else inputs_embeds
+        x = self.hook_embed(self.dropout(self.pos(x)))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.norm_f(x))
+
+
+# ------------------------------------------------------------------------ initialisation
+
+
+def init_weights(model: Transformer, cfg: ModelConfig) -> None:
+    """Initialise every weight matrix (linear and embedding) by ``cfg.init``; zero the biases.
+
+    ``pytorch`` keeps PyTorch's own per-module defaults. ``gpt2`` is normal(init_std) with the
+    residual projections scaled by 1/sqrt(2 * n_layers). Norm gains stay at one.
+    """
+    if cfg.init == "pytorch":
+        return
+    std = cfg.init_std
+    for name, param in model.named_parameters():
+        if param.dim() < 2:
+            if name.endswith(".bias"):
+                nn.init.zeros_(param)
+            continue
+        if cfg.init == "normal":
+            nn.init.normal_(param, 0.0, std)
+        elif cfg.init == "gpt2":
+            scale = (
+                1 / math.sqrt(2 * cfg.n_layers)
+                if name.endswith(("attn.proj.weight", "mlp.proj.weight"))
+                else 1
+            )
+            nn.init.normal_(param, 0.0, std * scale)
+        elif cfg.init == "uniform":
+            nn.init.uniform_(param, -std, std)
+        elif cfg.init == "xavier_normal":
+            nn.init.xavier_normal_(param)
+        elif cfg.init == "xavier_uniform":
+            nn.init.xavier_uniform_(param)
+        elif cfg.init == "kaiming_uniform":
+            nn.init.kaiming_uniform_(param)

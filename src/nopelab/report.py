@@ -1,0 +1,203 @@
+"""Turn reduced statistics into tables, figures and the files of a run directory.
+
+A run directory holds:
+
+* ``config.json`` — the resolved model and analysis configuration, plus versions;
+* ``summary.json`` — ``rows``: one object per (layer, site) with the scores and variances;
+* ``positions.parquet`` — long format: layer, site, position (1-based), variance, norm;
+* ``distance.parquet`` — layer, site, distance, mean cosine similarity at that distance;
+* ``attention.parquet`` — with ``--attn-entropy``: layer, position, entropy, uniform_entropy,
+  logit_variance;
+* ``cosine.npz`` — one T x T mean cosine matrix per (site, layer), named ``{site}_{layer}``;
+* ``variance.png``, ``cosine_{site}.png``, ``scores.png`` (and ``attention.png``);
+* ``summary.md`` — the headline numbers in a table.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from nopelab import __version__, plots, theory
+from nopelab.capture import CaptureResult
+from nopelab.config import RunConfig
+from nopelab.rundir import write_json
+
+
+def summary_rows(result: CaptureResult) -> list[dict[str, Any]]:
+    """One row per (layer, site) with scores (mean and std over samples) and variances."""
+    rows = []
+    for (site, layer), stats in result.sites.items():
+        by_distance = stats.cosine_by_distance
+        rows.append(
+            {
+                "layer": layer,
+                "site": site,
+                "samples": stats.samples,
+                "adjacency_mean": stats.adjacency.mean,
+                "adjacency_std": stats.adjacency.std,
+                "adjacency_signed_mean": stats.adjacency_signed.mean,
+                "adjacency_signed_std": stats.adjacency_signed.std,
+                "norm_score_mean": stats.norm_score.mean,
+                "norm_score_std": stats.norm_score.std,
+                "norm_signed_mean": stats.norm_signed.mean,
+                "norm_signed_std": stats.norm_signed.std,
+                "variance_first": float(stats.variance[0]),
+                "variance_last": float(stats.variance[-1]),
+                "variance_ratio": float(stats.variance[0] / max(stats.variance[-1], 1e-30)),
+                "norm_first": float(stats.norm[0]),
+                "norm_last": float(stats.norm[-1]),
+                "cosine_distance_1": float(by_distance[1]),
+                "cosine_distance_half": float(by_distance[len(by_distance) // 2]),
+            }
+        )
+    return rows
+
+
+def positions_table(result: CaptureResult) -> pd.DataFrame:
+    frames = [
+        pd.DataFrame(
+            {
+                "layer": layer,
+                "site": site,
+                "position": np.arange(1, len(stats.variance) + 1),
+                "variance": stats.variance,
+                "norm": stats.norm,
+            }
+        )
+        for (site, layer), stats in result.sites.items()
+    ]
+    return pd.concat(frames, ignore_index=True)
+
+
+def distance_table(result: CaptureResult) -> pd.DataFrame:
+    frames = []
+    for (site, layer), stats in result.sites.items():
+        by_distance = stats.cosine_by_distance
+        frames.append(
+            pd.DataFrame(
+                {
+                    "layer": layer,
+                    "site": site,
+                    "distance": np.arange(len(by_distance)),
+                    "cosine": by_distance,
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+def attention_table(result: CaptureResult) -> pd.DataFrame:
+    frames = [
+        pd.DataFrame(
+            {
+                "layer": layer,
+                "position": np.arange(1, len(stats.entropy) + 1),
+                "entropy": stats.entropy,
+                "uniform_entropy": stats.uniform_entropy,
+                "logit_variance": stats.logit_variance,
+            }
+        )
+        for layer, stats in result.attention.items()
+    ]
+    return pd.concat(frames, ignore_index=True)
+
+
+def first_layer_theory(cfg: RunConfig) -> np.ndarray | None:
+    """Predicted variance of layer 1's ``attn_out`` per position, where the derivation applies.
+
+    It applies to a causal pre-LN model with normal(σ) weights, no biases, no input-level or
+    ALiBi position signal, fed random input vectors (Chi et al.'s setting).
+    """
+    m, a = cfg.model, cfg.analysis
+    applies = (
+        not m.bidirectional
+        and m.norm_position == "pre"
+        and m.init == "normal"
+        and not m.bias
+        and m.pos_encoding in ("none", "rope")
+        and a.input == "random"
+    )
+    if not applies:
+        return None
+    positions = np.arange(1, a.seq_len + 1)
+    return theory.attn_output_variance(positions, m.d_model, m.init_std)
+
+
+def environment() -> dict[str, str]:
+    return {"nopelab": __version__, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def markdown_table(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:
+    """A GitHub-style markdown table (no extra dependency)."""
+
+    def fmt(value: Any) -> str:
+        return format(value, floatfmt) if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
+    lines += [
+        "| " + " | ".join(fmt(v) for v in row) + " |" for row in frame.itertuples(index=False)
+    ]
+    return "\n".join(lines)
+
+
+def write_analysis(
+    out: Path,
+    cfg: RunConfig,
+    result: CaptureResult,
+    seconds: float,
+    title: str = "",
+    figures: bool = True,
+) -> dict:
+    """Write every file of a run directory into ``out`` (figures optional); return the summary."""
+    rows = summary_rows(result)
+    summary = {"rows": rows, "seconds": seconds, "device": cfg.analysis.device}
+    write_json(out / "config.json", {**cfg.to_dict(), "environment": environment()})
+    write_json(out / "summary.json", summary)
+    positions = positions_table(result)
+    positions.to_parquet(out / "positions.parquet", index=False)
+    distance_table(result).to_parquet(out / "distance.parquet", index=False)
+    np.savez_compressed(
+        out / "cosine.npz",
+        **{
+            f"{site}_{layer}": s.cosine.astype(np.float32)
+            for (site, layer), s in result.sites.items()
+        },
+    )
+    frame = pd.DataFrame(rows)
+    if figures:
+        plots.variance_by_position(positions, out / "variance.png", first_layer_theory(cfg), title)
+        for site in dict.fromkeys(site for site, _ in result.sites):
+            matrices = {
+                f"{s} L{layer}": st.cosine for (s, layer), st in result.sites.items() if s == site
+            }
+            plots.cosine_heatmaps(
+                matrices, out / f"cosine_{site}.png", title=f"{title} {site}".strip()
+            )
+        plots.scores_by_layer(frame, out / "scores.png", title)
+    if result.attention:
+        attention = attention_table(result)
+        attention.to_parquet(out / "attention.parquet", index=False)
+        if figures:
+            plots.attention_entropy(attention, out / "attention.png")
+    columns = [
+        "layer",
+        "site",
+        "adjacency_mean",
+        "adjacency_std",
+        "norm_score_mean",
+        "variance_first",
+        "variance_last",
+        "variance_ratio",
+    ]
+    (out / "summary.md").write_text(
+        f"# nopelab analysis{': ' + title if title else ''}\n\n"
+        f"{cfg.analysis.samples} samples of length {cfg.analysis.seq_len}, {seconds:.1f} s.\n\n"
+        f"{markdown_table(frame[columns])}\n"
+    )
+    return summary

@@ -1,0 +1,154 @@
+"""Streaming per-position statistics, reduced batch by batch; memory does not grow with samples.
+
+:class:`SiteStats` takes one site's activations (B, T, d) and folds them into fixed-size sums:
+per-position variance and norm, the summed cosine matrix, and running moments of the
+per-sample adjacency and norm scores. :class:`AttentionStats` does the same for one layer's
+attention probabilities (entropy per query position) and scaled logits (their spread).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nopelab.metrics import adjacency_score, cosine_by_distance, cosine_matrix, norm_score
+
+
+class RunningMoments:
+    """Count, mean and spread of a stream of scalars (Chan et al.'s parallel update)."""
+
+    def __init__(self) -> None:
+        self.count, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def update(self, values: np.ndarray) -> None:
+        n = len(values)
+        if n == 0:
+            return
+        mean = float(np.mean(values))
+        m2 = float(np.sum((values - mean) ** 2))
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean += delta * n / total
+        self.m2 += m2 + delta**2 * self.count * n / total
+        self.count = total
+
+    @property
+    def std(self) -> float:
+        """Sample standard deviation (0 for fewer than two values)."""
+        return math.sqrt(self.m2 / (self.count - 1)) if self.count > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class SiteResult:
+    """Reduced statistics of one (site, layer); arrays are indexed by 0-based position."""
+
+    samples: int
+    variance: np.ndarray  # (T,) mean per-position variance across hidden dimensions
+    norm: np.ndarray  # (T,) mean per-position L2 norm
+    cosine: np.ndarray  # (T, T) mean self-cosine-similarity matrix
+    adjacency: RunningMoments
+    adjacency_signed: RunningMoments
+    norm_score: RunningMoments
+    norm_signed: RunningMoments
+
+    @property
+    def cosine_by_distance(self) -> np.ndarray:
+        return cosine_by_distance(self.cosine)
+
+
+class SiteStats:
+    """Accumulates the statistics of one site from (B, T, d) activation batches."""
+
+    def __init__(self, seq_len: int, device: torch.device | str = "cpu"):
+        zeros = dict(dtype=torch.float64, device=device)
+        self.samples = 0
+        self.variance_sum = torch.zeros(seq_len, **zeros)
+        self.norm_sum = torch.zeros(seq_len, **zeros)
+        self.cosine_sum = torch.zeros(seq_len, seq_len, **zeros)
+        self.adjacency, self.adjacency_signed = RunningMoments(), RunningMoments()
+        self.norm_score, self.norm_signed = RunningMoments(), RunningMoments()
+
+    @torch.no_grad()
+    def update(self, h: Tensor) -> None:
+        h = h.detach().float()
+        norms = h.norm(dim=-1)  # (B, T)
+        similarity = cosine_matrix(h)  # (B, T, T)
+        self.samples += h.shape[0]
+        self.variance_sum += h.var(dim=-1, unbiased=False).sum(0).double()
+        self.norm_sum += norms.sum(0).double()
+        self.cosine_sum += similarity.sum(0).double()
+        adjacency, by_norm = adjacency_score(similarity), norm_score(norms)
+        self.adjacency.update(adjacency.score)
+        self.adjacency_signed.update(adjacency.signed)
+        self.norm_score.update(by_norm.score)
+        self.norm_signed.update(by_norm.signed)
+
+    def result(self) -> SiteResult:
+        n = max(self.samples, 1)
+        return SiteResult(
+            samples=self.samples,
+            variance=(self.variance_sum / n).cpu().numpy(),
+            norm=(self.norm_sum / n).cpu().numpy(),
+            cosine=(self.cosine_sum / n).cpu().numpy(),
+            adjacency=self.adjacency,
+            adjacency_signed=self.adjacency_signed,
+            norm_score=self.norm_score,
+            norm_signed=self.norm_signed,
+        )
+
+
+@dataclass(frozen=True)
+class AttentionResult:
+    """Reduced attention statistics of one layer, indexed by 0-based query position."""
+
+    samples: int
+    entropy: np.ndarray  # (T,) mean entropy of the attention distribution (nats), over heads
+    uniform_entropy: np.ndarray  # (T,) entropy of uniform attention over the visible keys
+    logit_variance: np.ndarray  # (T,) mean variance of the scaled logits over the visible keys
+
+
+class AttentionStats:
+    """Accumulates one layer's attention entropy and logit spread per query position."""
+
+    def __init__(self, seq_len: int, causal: bool, device: torch.device | str = "cpu"):
+        self.causal = causal
+        self.samples = 0
+        self.entropy_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
+        self.logit_var_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
+
+    def _visible(self, T: int, device: torch.device) -> Tensor:
+        mask = torch.ones(T, T, dtype=torch.bool, device=device)
+        return mask.tril() if self.causal else mask
+
+    @torch.no_grad()
+    def update_scores(self, scores: Tensor) -> None:
+        """(B, H, T, T) scaled logits, before masking."""
+        scores = scores.detach().float()
+        visible = self._visible(scores.shape[-1], scores.device)
+        counts = visible.sum(-1)  # (T,)
+        centred = (scores - (scores * visible).sum(-1, keepdim=True) / counts[:, None]) * visible
+        variance = (centred**2).sum(-1) / counts  # (B, H, T), population variance over keys
+        self.logit_var_sum += variance.mean(1).sum(0).double()
+
+    @torch.no_grad()
+    def update_probs(self, probs: Tensor) -> None:
+        """(B, H, T, T) attention probabilities."""
+        probs = probs.detach().float()
+        entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)  # (B, H, T)
+        self.samples += probs.shape[0]
+        self.entropy_sum += entropy.mean(1).sum(0).double()
+
+    def result(self) -> AttentionResult:
+        T = self.entropy_sum.shape[0]
+        n = max(self.samples, 1)
+        visible = np.arange(1, T + 1) if self.causal else np.full(T, T)
+        return AttentionResult(
+            samples=self.samples,
+            entropy=(self.entropy_sum / n).cpu().numpy(),
+            uniform_entropy=np.log(visible),
+            logit_variance=(self.logit_var_sum / n).cpu().numpy(),
+        )

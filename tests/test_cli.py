@@ -1,0 +1,248 @@
+"""The command line: outputs of a run, reproducibility, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nopelab.cli import main
+
+TINY = [
+    "--layers",
+    "2",
+    "--heads",
+    "2",
+    "--d-model",
+    "16",
+    "--seq-len",
+    "10",
+    "--samples",
+    "4",
+    "--batch-size",
+    "2",
+    "--device",
+    "cpu",
+]
+
+
+def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(sys, "argv", ["nopelab", *args])
+    try:
+        main()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def test_analyze_writes_a_complete_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "run"
+    assert run_cli(["analyze", *TINY, "--attn-entropy", "--out", str(out)], monkeypatch) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["rows"]) == 1 + 2 * 4  # embed + 4 sites in each of 2 layers
+    for row in summary["rows"]:
+        for key in (
+            "layer",
+            "site",
+            "adjacency_mean",
+            "adjacency_std",
+            "norm_score_mean",
+            "variance_first",
+            "variance_last",
+        ):
+            assert key in row
+        assert 0 <= row["adjacency_mean"] <= 1
+    positions = pd.read_parquet(out / "positions.parquet")
+    assert {"layer", "site", "position", "variance", "norm"} <= set(positions.columns)
+    assert len(positions) == 9 * 10
+    cosine = np.load(out / "cosine.npz")
+    assert cosine["attn_out_1"].shape == (10, 10)
+    assert set(cosine.files) == {"embed_0"} | {
+        f"{s}_{l}" for s in ("attn_out", "resid_mid", "mlp_out", "resid_post") for l in (1, 2)
+    }
+    np.testing.assert_allclose(np.diag(cosine["resid_post_2"]), 1.0, atol=1e-5)
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["n_layers"] == 2 and config["analysis"]["samples"] == 4
+    for name in (
+        "variance.png",
+        "cosine_attn_out.png",
+        "scores.png",
+        "attention.png",
+        "summary.md",
+        "attention.parquet",
+        "distance.parquet",
+    ):
+        assert (out / name).stat().st_size > 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+def test_same_seed_same_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = []
+    for name, seed in (("a", "5"), ("b", "5"), ("c", "6")):
+        assert (
+            run_cli(["analyze", *TINY, "--seed", seed, "--out", str(tmp_path / name)], monkeypatch)
+            == 0
+        )
+        runs.append(pd.read_parquet(tmp_path / name / "positions.parquet"))
+    pd.testing.assert_frame_equal(runs[0], runs[1])
+    assert not runs[0]["variance"].equals(runs[2]["variance"])
+
+
+@pytest.mark.parametrize(
+    ("suffix", "text"),
+    [
+        (
+            ".toml",
+            "[model]\nn_layers = 1\nd_model = 8\nn_heads = 2\n[analysis]\nseq_len = 6\nsamples = 2\n",
+        ),
+        (
+            ".yaml",
+            "model:\n  n_layers: 1\n  d_model: 8\n  n_heads: 2\nanalysis:\n  seq_len: 6\n  samples: 2\n",
+        ),
+        (
+            ".json",
+            '{"model": {"n_layers": 1, "d_model": 8, "n_heads": 2}, "analysis": {"seq_len": 6, "samples": 2}}',
+        ),
+    ],
+)
+def test_config_files_and_flag_override(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str, text: str
+) -> None:
+    config = tmp_path / f"c{suffix}"
+    config.write_text(text)
+    out = tmp_path / "run"
+    assert (
+        run_cli(
+            [
+                "analyze",
+                "--config",
+                str(config),
+                "--samples",
+                "3",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+            ],
+            monkeypatch,
+        )
+        == 0
+    )
+    resolved = json.loads((out / "config.json").read_text())
+    assert resolved["model"]["n_layers"] == 1 and resolved["model"]["d_model"] == 8
+    assert (
+        resolved["analysis"]["seq_len"] == 6 and resolved["analysis"]["samples"] == 3
+    )  # flag wins
+    # a run's own config.json is a valid config file
+    again = tmp_path / "again"
+    assert (
+        run_cli(["analyze", "--config", str(out / "config.json"), "--out", str(again)], monkeypatch)
+        == 0
+    )
+    assert json.loads((again / "config.json").read_text())["model"] == resolved["model"]
+
+
+BAD = [
+    (["--pos-encoding", "fourier"], "pos_encoding"),
+    (["--init", "orthogonal"], "init"),
+    (["--d-model", "10", "--heads", "3"], "d_model"),
+    (["--init-std", "0"], "init_std"),
+    (["--init-std", "-1"], "init_std"),
+    (["--pos-encoding", "learned", "--max-seq-len", "8", "--seq-len", "10"], "seq_len"),
+    (["--input", "images"], "input"),
+    (["--sites", "attn_out,qkv"], "sites"),
+    (["--nope-layers", "1,x"], "--nope-layers"),
+    (["--nope-layers", "5", "--pos-encoding", "rope"], "nope_layers"),
+    (["--layers", "two"], "--layers"),
+    (
+        ["--device", "cuda:0"]
+        if not __import__("torch").cuda.is_available()
+        else ["--device", "tpu"],
+        "device",
+    ),
+    (["--config", "missing.toml"], "--config"),
+    (["--config", "settings.ini"], "--config"),
+]
+
+
+@pytest.mark.parametrize(("args", "field"), BAD)
+def test_bad_input_is_one_line_exit_2(
+    tmp_path: Path, args: list[str], field: str, capsys, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    code = run_cli(["analyze", *TINY, *args, "--out", str(out)], monkeypatch)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and field in err, err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_malformed_config_file(tmp_path: Path, capsys, monkeypatch) -> None:
+    for name, text in (
+        ("bad.toml", "[model\nx = 1"),
+        ("bad.yaml", "model: [1, 2"),
+        ("bad.json", "{"),
+        ("keys.toml", "[model]\nwidth = 3\n"),
+        ("section.toml", "[trainer]\nx = 1\n"),
+    ):
+        (tmp_path / name).write_text(text)
+        code = run_cli(
+            ["analyze", "--config", str(tmp_path / name), "--out", str(tmp_path / "o")], monkeypatch
+        )
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and "config" in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_existing_output_needs_force(tmp_path: Path, capsys, monkeypatch) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 2
+    assert "--force" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert run_cli(["analyze", *TINY, "--out", str(out), "--force"], monkeypatch) == 0
+    assert (out / "summary.json").exists() and not (out / "keep.txt").exists()
+    # an empty folder is fine without --force
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run_cli(["analyze", *TINY, "--out", str(empty)], monkeypatch) == 0
+
+
+def test_unwritable_output(tmp_path: Path, capsys, monkeypatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert run_cli(["analyze", *TINY, "--out", str(blocker / "run")], monkeypatch) == 2
+    assert "--out" in capsys.readouterr().err
+    assert run_cli(["analyze", *TINY, "--out", str(blocker)], monkeypatch) == 2
+    assert blocker.read_text() == "x"
+
+
+def test_reproduce_rejects_unknown_names(tmp_path: Path, capsys, monkeypatch) -> None:
+    for args, field in (
+        (["reproduce", "vaswani2017"], "paper"),
+        (["reproduce", "zuo2025", "--part", "trained-ish"], "--part"),
+        (["reproduce", "chi2023", "--scale", "huge"], "--scale"),
+    ):
+        assert run_cli([*args, "--out", str(tmp_path / "o")], monkeypatch) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and field in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_real_process_prints_no_traceback(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "nopelab", "analyze", "--heads", "5", "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "nopelab: error: d_model: 384 is not divisible by n_heads=5"
+    assert "Traceback" not in proc.stdout + proc.stderr

@@ -1,0 +1,108 @@
+"""Streaming statistics equal those computed from fully stored activations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nopelab.analysis import analyze_model, build_model, input_batches
+from nopelab.capture import site_modules
+from nopelab.config import SITES, AnalysisConfig, ModelConfig
+from nopelab.stats import RunningMoments
+
+
+def _stored_activations(model, model_cfg, cfg) -> dict:
+    """Every site's full activations, concatenated over batches (the thing streaming avoids)."""
+    store: dict = {key: [] for key in site_modules(model, cfg.sites)}
+    handles = [
+        module.register_forward_hook(
+            lambda mod, inp, out, key=key: store[key].append(out.detach().clone())
+        )
+        for key, module in site_modules(model, cfg.sites).items()
+    ]
+    with torch.no_grad():
+        for batch in input_batches(model_cfg, cfg):
+            model(**batch)
+    for handle in handles:
+        handle.remove()
+    return {key: torch.cat(chunks).double().numpy() for key, chunks in store.items()}
+
+
+def _adjacency_by_loops(h: np.ndarray) -> float:
+    """The §3 definition, literally: rows i, pairs j < k < i, S_ik > S_ij."""
+    unit = h / np.linalg.norm(h, axis=-1, keepdims=True)
+    S = unit @ unit.T
+    T = len(S)
+    hits = sum(S[i, k] > S[i, j] for i in range(T) for k in range(i) for j in range(k))
+    return hits / (T * (T - 1) * (T - 2) / 6)
+
+
+@pytest.mark.parametrize("input_kind", ["random", "tokens"])
+def test_streaming_equals_stored(input_kind: str) -> None:
+    model_cfg = ModelConfig(d_model=32, n_heads=4, n_layers=2, max_seq_len=16, vocab_size=7)
+    cfg = AnalysisConfig(seq_len=12, samples=7, batch_size=3, input=input_kind, device="cpu")
+    model = build_model(model_cfg, seed=3)
+    stored = _stored_activations(model, model_cfg, cfg)
+    result = analyze_model(model, cfg, progress=False)
+
+    assert set(result.sites) == set(stored)
+    for key, h in stored.items():  # h: (samples, T, d) in float64
+        stats = result.sites[key]
+        assert stats.samples == 7
+        np.testing.assert_allclose(stats.variance, h.var(axis=-1).mean(0), rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(stats.norm, np.linalg.norm(h, axis=-1).mean(0), rtol=1e-4)
+        unit = h / np.linalg.norm(h, axis=-1, keepdims=True)
+        np.testing.assert_allclose(
+            stats.cosine, (unit @ unit.transpose(0, 2, 1)).mean(0), atol=1e-5
+        )
+        scores = np.array([_adjacency_by_loops(sample) for sample in h])
+        # float32 vs float64 similarities may order near-equal pairs differently: allow 1 pair in 220
+        assert stats.adjacency.mean == pytest.approx(scores.mean(), abs=1 / 220)
+        assert stats.adjacency.std == pytest.approx(scores.std(ddof=1), abs=2 / 220)
+        norms = np.linalg.norm(h, axis=-1)
+        norm_scores = [
+            np.mean([n[k] < n[j] for j in range(12) for k in range(j + 1, 12)]) for n in norms
+        ]
+        assert stats.norm_score.mean == pytest.approx(np.mean(norm_scores), abs=1e-9)
+
+
+def test_sites_cover_every_layer() -> None:
+    model = build_model(ModelConfig(n_layers=3, d_model=16, n_heads=2), seed=0)
+    keys = list(site_modules(model, SITES))
+    assert keys[0] == ("embed", 0)
+    assert len(keys) == 1 + 3 * 4
+    assert {layer for _, layer in keys} == {0, 1, 2, 3}
+
+
+def test_memory_does_not_grow_with_samples() -> None:
+    """The accumulators have the same size after 4 and after 40 samples."""
+    model_cfg = ModelConfig(d_model=16, n_heads=2, n_layers=1, max_seq_len=8)
+    sizes = []
+    for samples in (4, 40):
+        cfg = AnalysisConfig(seq_len=8, samples=samples, batch_size=4, device="cpu")
+        result = analyze_model(build_model(model_cfg, 0), cfg, progress=False)
+        stats = result.sites[("attn_out", 1)]
+        sizes.append((stats.variance.shape, stats.cosine.shape, stats.samples))
+    assert sizes[0][:2] == sizes[1][:2] and sizes[1][2] == 40
+
+
+def test_running_moments_match_numpy() -> None:
+    rng = np.random.default_rng(0)
+    values = rng.normal(3.0, 2.0, size=101)
+    moments = RunningMoments()
+    for chunk in np.array_split(values, [1, 7, 30, 31, 80]):
+        moments.update(chunk)
+    assert moments.count == 101
+    assert moments.mean == pytest.approx(values.mean(), rel=1e-12)
+    assert moments.std == pytest.approx(values.std(ddof=1), rel=1e-10)
+
+
+def test_attention_entropy_and_logit_spread() -> None:
+    """Tiny weights give uniform attention: entropy log m and logits of spread ~ d^2 sigma^4."""
+    model_cfg = ModelConfig(d_model=64, n_heads=4, n_layers=1, max_seq_len=32, init_std=1e-4)
+    cfg = AnalysisConfig(seq_len=32, samples=4, batch_size=4, attn_entropy=True, device="cpu")
+    attention = analyze_model(build_model(model_cfg, 0), cfg, progress=False).attention[1]
+    np.testing.assert_allclose(attention.uniform_entropy, np.log(np.arange(1, 33)))
+    np.testing.assert_allclose(attention.entropy, attention.uniform_entropy, atol=1e-5)
+    assert attention.logit_variance[1:].max() < 1e-6
