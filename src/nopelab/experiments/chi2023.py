@@ -106,8 +106,9 @@ seed {cfg.analysis.seed}; {seconds:.1f} s.
 
 ## Layer 1 attention output: measured variance against theory
 
-`theory_uniform` is d²σ⁴/m (exactly uniform attention); `theory_corrected` multiplies it by the
-softmax concentration κ_m (logits of variance τ² = d²σ⁴ are not exactly equal), see docs/theory.md.
+`theory_uniform` is d²σ⁴/m (exactly uniform attention); `theory_corrected` is dσ⁴[(d−1)κ_m/m + t_m]:
+logits of variance τ² = d²σ⁴ make the softmax slightly peaked (concentration κ_m) and tilted towards
+keys aligned with the query (the floor t_m), see docs/theory.md.
 
 {markdown_table(table)}
 

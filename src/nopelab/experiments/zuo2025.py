@@ -121,14 +121,14 @@ def run(settings: Settings, out: Path) -> None:
         {f"{name} L{layer}": m for name in VARIANTS for layer, m in cosines[name].items()},
         out / "heatmaps.png",
         ncols=len(cosines["causal-nope"]),
-        title="Mean cosine similarity of attn_out, random init (rows: variants; columns: layers)",
+        title="attn_out cosine, random init",
     )
     grid = [_label(init, std) for init, std in INIT_GRID]
     plots.cosine_heatmaps(
         {f"{name} L{layer}": m for name in grid for layer, m in cosines[name].items()},
         out / "heatmaps_init.png",
         ncols=len(cosines["causal-nope"]),
-        title="Causal NoPE attn_out across initialisations",
+        title="causal NoPE attn_out by init",
     )
     grid_scores = attn[attn["run"].isin(grid)]
     plots.score_against_init(grid_scores, out / "score_vs_sigma.png", "Causal NoPE, random init")

@@ -1,0 +1,110 @@
+"""Cost of the streaming statistics, and of the exact adjacency score against brute force.
+
+Run: ``.venv/bin/python benchmarks/bench_stats.py`` (add ``--quick`` to skip T = 2048 and the
+T = 4096 brute force). Everything is measured in this one run, so the printed ratios compare
+like with like on whatever machine runs it.
+
+1. The chi2023 model (pre-LN NoPE, d = 768, 12 heads, 12 layers) at T = 512 and 2048: wall time
+   of a bare forward pass, of one with every statistic at every site (61 sites), and of one that
+   adds the attention entropy (explicit attention); plus a per-site breakdown of the costs.
+2. The adjacency score of one T x T matrix: the O(T^2 log T) merge-sort count against the
+   O(T^3) brute force at T = 256, 1024, 4096.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from nopelab.capture import StreamingCapture
+from nopelab.config import SITES, ModelConfig
+from nopelab.metrics import adjacency_score, adjacency_score_bruteforce, cosine_matrix, norm_score
+from nopelab.model import Transformer
+
+
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    """Minimum wall time over ``repeats`` calls, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+@torch.inference_mode()
+def forward_costs(seq_len: int, batch: int, repeats: int, seed: int) -> None:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(d_model=768, n_heads=12, n_layers=12, max_seq_len=seq_len)
+    model = Transformer(cfg).eval()
+    x = torch.randn(batch, seq_len, cfg.d_model)
+
+    def with_stats(entropy: bool) -> Callable[[], object]:
+        def run() -> None:
+            with StreamingCapture(model, SITES, seq_len, attn_entropy=entropy):
+                model(inputs_embeds=x)
+
+        return run
+
+    bare = best_of(lambda: model(inputs_embeds=x), repeats)
+    stats = best_of(with_stats(False), repeats)
+    entropy = best_of(with_stats(True), repeats)
+    sites = 1 + 4 * cfg.n_layers
+    print(f"\nT = {seq_len}, batch {batch}, {sites} sites (d = 768, 12 heads, 12 layers)")
+    print(f"  bare forward                      {bare:8.3f} s")
+    print(
+        f"  + every statistic at every site   {stats:8.3f} s   ratio {stats / bare:5.2f}  (+{stats / bare - 1:.0%})"
+    )
+    print(f"  + attention entropy as well       {entropy:8.3f} s   ratio {entropy / bare:5.2f}")
+
+    h = torch.randn(batch, seq_len, cfg.d_model)
+    similarity = cosine_matrix(h)
+    norms = h.norm(dim=-1)
+    parts = {
+        "variance + norm": lambda: (h.var(-1), h.norm(dim=-1)),
+        "cosine matrix": lambda: cosine_matrix(h).sum(0),
+        "adjacency score": lambda: adjacency_score(similarity),
+        "norm score": lambda: norm_score(norms),
+    }
+    print(f"  per-site cost of one batch, times {sites} sites, as a share of the bare forward:")
+    for name, fn in parts.items():
+        seconds = best_of(fn, repeats)
+        print(f"    {name:18s} {seconds * 1e3:8.2f} ms/site  -> {seconds * sites / bare:6.1%}")
+
+
+def adjacency_costs(sizes: list[int], brute_max: int, seed: int) -> None:
+    print("\nAdjacency score of one T x T matrix: merge-sort count vs brute force")
+    rng = np.random.default_rng(seed)
+    for size in sizes:
+        s = rng.standard_normal((1, size, size)).astype(np.float32)
+        fast = best_of(lambda s=s: adjacency_score(s), 3)
+        line = f"  T = {size:5d}  fast {fast * 1e3:9.2f} ms"
+        if size <= brute_max:
+            brute = best_of(lambda s=s: adjacency_score_bruteforce(s), 1)
+            assert adjacency_score(s).score == adjacency_score_bruteforce(s).score
+            line += f"   brute force {brute * 1e3:11.1f} ms   speed-up {brute / fast:8.1f}x"
+        print(line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="skip T = 2048 and the 4096 brute force"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0, help="seed for weights and inputs")
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    forward_costs(512, batch=4, repeats=args.repeats, seed=args.seed)
+    if not args.quick:
+        forward_costs(2048, batch=1, repeats=args.repeats, seed=args.seed)
+    adjacency_costs([256, 1024, 4096], brute_max=1024 if args.quick else 4096, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,332 @@
+"""Metrics of design.md §3 against independent brute-force counts and closed forms."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from nopelab.metrics import (
+    adjacency_score,
+    adjacency_score_bruteforce,
+    cosine_by_distance,
+    cosine_matrix,
+    norm_score,
+    pair_counts,
+    position_variance,
+)
+
+HYPO = settings(max_examples=60, deadline=None)
+
+# ---------------------------------------------------------------- brute-force references
+
+
+def triple_loop_adjacency(s: np.ndarray) -> tuple[float, float]:
+    """Pure-python count over every triple j < k < i of one (T, T) matrix: (A, signed)."""
+    T = len(s)
+    concordant = discordant = tied = 0
+    for i in range(T):
+        for j in range(i):
+            for k in range(j + 1, i):
+                near, far = float(s[i][k]), float(s[i][j])
+                if near > far:
+                    concordant += 1
+                elif near < far:
+                    discordant += 1
+                else:
+                    tied += 1
+    pairs = concordant + discordant + tied
+    assert pairs == math.comb(T, 3)
+    return concordant / pairs, (concordant - discordant) / pairs
+
+
+def loop_pair_counts(row: np.ndarray, n: int) -> tuple[int, int]:
+    """#{j < k < n: x_j < x_k} and #{j < k < n: x_j == x_k} by double loop."""
+    less = equal = 0
+    for j in range(n):
+        for k in range(j + 1, n):
+            less += bool(row[j] < row[k])
+            equal += bool(row[j] == row[k])
+    return less, equal
+
+
+def loop_norm_score(norms: np.ndarray) -> tuple[float, float]:
+    """Fraction of pairs j < k with ||h_k|| < ||h_j|| (and the signed form), by double loop."""
+    T = len(norms)
+    shrink = grow = 0
+    for j in range(T):
+        for k in range(j + 1, T):
+            shrink += bool(norms[k] < norms[j])
+            grow += bool(norms[k] > norms[j])
+    pairs = T * (T - 1) // 2
+    return shrink / pairs, (shrink - grow) / pairs
+
+
+# --------------------------------------------------------------------------- strategies
+
+# Few distinct values force many ties; float32-exact values so the kernel's dtype is irrelevant.
+FEW_VALUES = st.sampled_from([-1.0, -0.5, 0.0, 0.25, 1.0])
+FLOAT32 = st.floats(-1, 1, width=32, allow_nan=False)
+
+
+@st.composite
+def similarity_batches(draw: st.DrawFn, elements: st.SearchStrategy[float]) -> np.ndarray:
+    B = draw(st.integers(1, 3))
+    T = draw(st.integers(3, 9))
+    return draw(arrays(np.float64, (B, T, T), elements=elements))
+
+
+# ------------------------------------------------------------------ adjacency: exact counts
+
+
+@HYPO
+@given(similarity_batches(FEW_VALUES))
+def test_adjacency_matches_triple_loop_with_ties(s: np.ndarray) -> None:
+    fast, brute = adjacency_score(s), adjacency_score_bruteforce(s)
+    for b in range(len(s)):
+        score, signed = triple_loop_adjacency(s[b])
+        assert fast.score[b] == pytest.approx(score, abs=1e-12)
+        assert fast.signed[b] == pytest.approx(signed, abs=1e-12)
+        assert brute.score[b] == pytest.approx(score, abs=1e-12)
+        assert brute.signed[b] == pytest.approx(signed, abs=1e-12)
+
+
+@HYPO
+@given(similarity_batches(FLOAT32))
+def test_adjacency_matches_triple_loop_continuous(s: np.ndarray) -> None:
+    fast = adjacency_score(torch.from_numpy(s).float())  # torch input path
+    for b in range(len(s)):
+        score, signed = triple_loop_adjacency(s[b])
+        assert fast.score[b] == pytest.approx(score, abs=1e-12)
+        assert fast.signed[b] == pytest.approx(signed, abs=1e-12)
+
+
+def test_adjacency_only_uses_entries_below_the_diagonal() -> None:
+    rng = np.random.default_rng(0)
+    s = rng.standard_normal((2, 12, 12))
+    changed = s.copy()
+    changed[:, np.triu_indices(12)[0], np.triu_indices(12)[1]] = rng.standard_normal(78)
+    np.testing.assert_array_equal(adjacency_score(s).score, adjacency_score(changed).score)
+
+
+def test_adjacency_perfect_reversed_and_constant() -> None:
+    T = 10
+    i, j = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+    nearer_more_similar = -np.abs(i - j).astype(float)[None]
+    res = adjacency_score(nearer_more_similar)
+    assert res.score[0] == 1.0 and res.signed[0] == 1.0
+    res = adjacency_score(-nearer_more_similar)
+    assert res.score[0] == 0.0 and res.signed[0] == -1.0
+    res = adjacency_score(np.ones((1, T, T)))  # all ties: failures for A, zero for signed
+    assert res.score[0] == 0.0 and res.signed[0] == 0.0
+
+
+def test_adjacency_keeps_float64_resolution() -> None:
+    """Entries that differ only beyond float32 precision must not become ties."""
+    T = 8
+    j = np.arange(T)
+    s = np.broadcast_to(1.0 - 1e-10 * (T - j), (1, T, T)).copy()  # S_ij increases with j
+    assert adjacency_score(s).score[0] == 1.0
+    assert adjacency_score(torch.from_numpy(s)).score[0] == 1.0
+
+
+# ------------------------------------------------------------- adjacency: statistical laws
+
+
+def test_iid_gaussian_vectors_score_one_half() -> None:
+    """For i.i.d. vectors S_ij and S_ik (j < k < i) are exchangeable and ties have probability 0,
+    so E[A] = 1/2 and E[signed] = 0 exactly. Tolerance: 4 standard errors of the mean over
+    samples (std over samples / sqrt(B))."""
+    gen = torch.Generator().manual_seed(0)
+    B, T, d = 400, 32, 64
+    res = adjacency_score(cosine_matrix(torch.randn(B, T, d, generator=gen)))
+    se = res.score.std(ddof=1) / math.sqrt(B)
+    assert 0.005 < res.score.std() < 0.05  # per-sample scores do vary
+    assert abs(res.score.mean() - 0.5) < 4 * se
+    assert abs(res.signed.mean()) < 4 * res.signed.std(ddof=1) / math.sqrt(B)
+    np.testing.assert_allclose(res.signed, 2 * res.score - 1, atol=1e-12)  # no ties
+
+
+def cumulative_means(x: torch.Tensor) -> torch.Tensor:
+    """y_m = (1/m) sum_{i<=m} x_i along dim 1 (uniform causal attention)."""
+    m = torch.arange(1, x.shape[1] + 1, dtype=x.dtype)
+    return x.cumsum(dim=1) / m[:, None]
+
+
+def test_cumulative_means_of_orthogonal_vectors_score_exactly_one() -> None:
+    """For orthogonal x_l (any nonzero norms), with N_m = sum_{l<=m} ||x_l||^2,
+    cos(y_i, y_j) = sqrt(N_j / N_i) for j <= i: strictly increasing in j, so A = 1 exactly.
+    ||y_m|| = sqrt(N_m) / m strictly decreases when the norms are equal (then the norm score
+    is 1), but not for arbitrary norms: a long x_{m+1} can lengthen the mean."""
+    T, d = 24, 40
+    gen = torch.Generator().manual_seed(0)
+    basis, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
+    norms = 0.5 + torch.rand(2, T, generator=gen, dtype=torch.float64)
+    x = basis[:T][None] * norms[..., None]  # (2, T, d), rows orthogonal
+    y = cumulative_means(x)
+    s = cosine_matrix(y)
+    n = (norms**2).cumsum(dim=1)
+    expected = (
+        torch.minimum(n[:, :, None], n[:, None]) / torch.maximum(n[:, :, None], n[:, None])
+    ).sqrt()
+    torch.testing.assert_close(s, expected, atol=1e-12, rtol=0)
+    res = adjacency_score(s)
+    np.testing.assert_array_equal(res.score, [1.0, 1.0])
+    np.testing.assert_array_equal(res.signed, [1.0, 1.0])
+    equal_norms = cumulative_means(basis[:T][None] * 0.7)
+    np.testing.assert_array_equal(adjacency_score(cosine_matrix(equal_norms)).score, [1.0])
+    np.testing.assert_array_equal(norm_score(equal_norms.norm(dim=-1)).score, [1.0])
+
+
+def test_cumulative_means_of_gaussians_approach_one_only_as_d_grows() -> None:
+    """design.md §3 says cumulative means give A = 1; for i.i.d. Gaussian x at finite d this
+    holds only in the limit (the vectors are merely nearly orthogonal). Measured (seeded,
+    T = 32, 64 samples): mean A ≈ 0.79 at d=4, 0.93 at d=16, 0.985 at d=64, ≈ 1 at d=1024.
+    Bounds below leave a margin of more than 5 standard errors around those values."""
+    gen = torch.Generator().manual_seed(0)
+    T, B = 32, 64
+    means = {}
+    for d in (4, 16, 64, 1024):
+        res = adjacency_score(cosine_matrix(cumulative_means(torch.randn(B, T, d, generator=gen))))
+        means[d] = res.score.mean()
+        if d <= 64:
+            assert res.score.min() < 1.0  # not exactly 1 at finite d
+    assert 0.70 < means[4] < 0.88
+    assert 0.90 < means[16] < 0.97
+    assert 0.97 < means[64] < 0.995
+    assert means[1024] > 0.998
+    assert means[4] < means[16] < means[64] < means[1024]
+
+
+def test_cumulative_means_mean_cosine_is_sqrt_ratio() -> None:
+    """E cos(y_i, y_j) -> sqrt(min/max) as d grows. d=2048, 32 samples: per-entry std of the
+    cosine is ≤ 0.03, so the sample mean is within ~0.005 plus an O(1/d) bias; tolerance 0.02."""
+    gen = torch.Generator().manual_seed(1)
+    T, d, B = 16, 2048, 32
+    s = cosine_matrix(cumulative_means(torch.randn(B, T, d, generator=gen, dtype=torch.float64)))
+    m = torch.arange(1, T + 1, dtype=torch.float64)
+    expected = (torch.minimum(m[:, None], m[None]) / torch.maximum(m[:, None], m[None])).sqrt()
+    torch.testing.assert_close(s.mean(dim=0), expected, atol=0.02, rtol=0)
+    assert (s.mean(dim=0) - expected).abs().max() > 1e-4  # a statistical, not an exact, law
+
+
+# --------------------------------------------------------------------- norm score, counts
+
+
+@HYPO
+@given(
+    arrays(
+        np.float64,
+        st.tuples(st.integers(1, 4), st.integers(2, 12)),
+        elements=st.sampled_from([0.0, 1.0, 1.5, 2.0, 3.0]),
+    )
+)
+def test_norm_score_matches_pair_loop(norms: np.ndarray) -> None:
+    res = norm_score(norms)
+    for b in range(len(norms)):
+        score, signed = loop_norm_score(norms[b])
+        assert res.score[b] == pytest.approx(score, abs=1e-12)
+        assert res.signed[b] == pytest.approx(signed, abs=1e-12)
+
+
+def test_norm_score_direction() -> None:
+    shrinking = np.array([[5.0, 4.0, 3.0, 2.0, 1.0]])
+    assert norm_score(shrinking).score[0] == 1.0 and norm_score(shrinking).signed[0] == 1.0
+    assert norm_score(shrinking[:, ::-1].copy()).score[0] == 0.0
+    assert norm_score(torch.ones(1, 5)).score[0] == 0.0  # ties fail
+
+
+@st.composite
+def rows_and_lengths(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
+    R = draw(st.integers(1, 6))
+    T = draw(st.integers(1, 20))
+    rows = draw(arrays(np.float64, (R, T), elements=st.sampled_from([-2.0, 0.0, 1.0, 7.5])))
+    lengths = draw(arrays(np.int64, (R,), elements=st.integers(0, T)))
+    return rows, lengths
+
+
+@HYPO
+@given(rows_and_lengths())
+def test_pair_counts_match_double_loop(data: tuple[np.ndarray, np.ndarray]) -> None:
+    rows, lengths = data
+    before = rows.copy()
+    less, equal = pair_counts(rows, lengths)
+    for r in range(len(rows)):
+        assert (less[r], equal[r]) == loop_pair_counts(rows[r], int(lengths[r]))
+    np.testing.assert_array_equal(rows, before)  # input is not sorted in place
+
+
+def test_pair_counts_long_rows() -> None:
+    """Rows longer than a few merge passes (n up to 300), random lengths."""
+    rng = np.random.default_rng(3)
+    rows = rng.integers(0, 50, size=(5, 300)).astype(np.float32)
+    lengths = np.array([300, 1, 0, 257, 128])
+    less, equal = pair_counts(rows, lengths)
+    for r in range(5):
+        n = lengths[r]
+        x = rows[r, :n].astype(np.float64)
+        upper = np.triu(np.ones((n, n), dtype=bool), k=1)
+        assert less[r] == ((x[:, None] < x[None, :]) & upper).sum()
+        assert equal[r] == ((x[:, None] == x[None, :]) & upper).sum()
+
+
+# ----------------------------------------------------------- cosine, variance, distance
+
+
+def test_cosine_matrix_direct_formula() -> None:
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal((3, 7, 5))
+    h[1, 2] = 0.0  # a zero vector gives cosine 0
+    s = cosine_matrix(torch.from_numpy(h)).numpy()
+    for b in range(3):
+        for i in range(7):
+            for j in range(7):
+                ni, nj = np.sqrt(h[b, i] @ h[b, i]), np.sqrt(h[b, j] @ h[b, j])
+                expected = 0.0 if ni == 0 or nj == 0 else (h[b, i] @ h[b, j]) / (ni * nj)
+                assert s[b, i, j] == pytest.approx(expected, abs=1e-12)
+    assert np.allclose(np.diagonal(s[0]), 1.0, atol=1e-12)
+
+
+def test_cosine_matrix_scale_invariance() -> None:
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(2, 6, 8, generator=gen, dtype=torch.float64)
+    scale = torch.rand(2, 6, 1, generator=gen, dtype=torch.float64) * 100 + 0.01
+    torch.testing.assert_close(cosine_matrix(h * scale), cosine_matrix(h), atol=1e-12, rtol=0)
+
+
+def test_position_variance_direct_formula() -> None:
+    rng = np.random.default_rng(1)
+    h = rng.standard_normal((2, 5, 9)) * 3 + 1
+    v = position_variance(torch.from_numpy(h)).numpy()
+    for b in range(2):
+        for t in range(5):
+            row = h[b, t]
+            mean = sum(row) / len(row)
+            assert v[b, t] == pytest.approx(sum((x - mean) ** 2 for x in row) / len(row), rel=1e-12)
+
+
+def test_position_variance_of_cumulative_means_shrinks_like_one_over_m() -> None:
+    """x ~ N(0, σ²) i.i.d.: E v_m = σ²/m · (d−1)/d (the mean over coordinates is subtracted).
+    With B·d = 65536 coordinates per position the relative sampling error is about
+    sqrt(2/(B·d)) ≈ 0.6%; tolerance 4%."""
+    gen = torch.Generator().manual_seed(2)
+    B, T, d, sigma = 256, 16, 256, 1.7
+    v = position_variance(cumulative_means(sigma * torch.randn(B, T, d, generator=gen))).mean(0)
+    m = torch.arange(1, T + 1, dtype=torch.float32)
+    torch.testing.assert_close(v, sigma**2 / m * (d - 1) / d, rtol=0.04, atol=0)
+
+
+def test_cosine_by_distance_matches_loop() -> None:
+    rng = np.random.default_rng(2)
+    T = 9
+    s = rng.standard_normal((T, T))
+    out = cosine_by_distance(s)
+    assert out.shape == (T,)
+    for k in range(T):
+        entries = [s[i, i - k] for i in range(k, T)]
+        assert out[k] == pytest.approx(sum(entries) / len(entries), rel=1e-12)
