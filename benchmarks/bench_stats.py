@@ -22,7 +22,13 @@ import torch
 
 from nopelab.capture import StreamingCapture
 from nopelab.config import SITES, ModelConfig
-from nopelab.metrics import adjacency_score, adjacency_score_bruteforce, cosine_matrix, norm_score
+from nopelab.metrics import (
+    adjacency_score,
+    adjacency_score_bruteforce,
+    cosine_matrix,
+    norm_score,
+    position_variance,
+)
 from nopelab.model import Transformer
 
 
@@ -66,7 +72,7 @@ def forward_costs(seq_len: int, batch: int, repeats: int, seed: int) -> None:
     similarity = cosine_matrix(h)
     norms = h.norm(dim=-1)
     parts = {
-        "variance + norm": lambda: (h.var(-1), h.norm(dim=-1)),
+        "variance + norm": lambda: (position_variance(h), h.norm(dim=-1)),
         "cosine matrix": lambda: cosine_matrix(h).sum(0),
         "adjacency score": lambda: adjacency_score(similarity),
         "norm score": lambda: norm_score(norms),

@@ -32,8 +32,13 @@ numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
 
 
 def position_variance(h: Tensor) -> Tensor:
-    """(B, T, d) -> (B, T): variance across hidden dimensions at each position."""
-    return h.var(dim=-1, unbiased=False)
+    """(B, T, d) -> (B, T): variance across hidden dimensions at each position.
+
+    Two passes (centre, then a vector norm): as stable as ``Tensor.var`` and, on the CPU, several
+    times faster than it.
+    """
+    centred = h - h.mean(dim=-1, keepdim=True)
+    return torch.linalg.vector_norm(centred, dim=-1).square() / h.shape[-1]
 
 
 def cosine_matrix(h: Tensor) -> Tensor:
@@ -44,40 +49,41 @@ def cosine_matrix(h: Tensor) -> Tensor:
 
 @numba.njit(cache=True, nogil=True)
 def _sort_and_count(buf, tmp, n):  # pragma: no cover - compiled
-    """Merge-sort ``buf[:n]`` in place; return (#pairs j<k with x_j < x_k, #pairs with x_j == x_k)."""
+    """Merge-sort ``buf[:n]``; return (#pairs j<k with x_j < x_k, #pairs with x_j == x_k).
+
+    Bottom-up, alternating between the two buffers, with a branch-free merge step: when the
+    left head is smaller than the right head it is smaller than every remaining right element.
+    """
     increasing = 0
+    src, dst = buf, tmp
     width = 1
     while width < n:
-        lo = 0
-        while lo < n - width:
-            mid = lo + width
+        for lo in range(0, n, 2 * width):
+            mid = min(lo + width, n)
             hi = min(lo + 2 * width, n)
             i, j, o = lo, mid, lo
             while i < mid and j < hi:
-                if buf[i] < buf[j]:  # buf[i] is below every remaining right-half element
-                    increasing += hi - j
-                    tmp[o] = buf[i]
-                    i += 1
-                else:
-                    tmp[o] = buf[j]
-                    j += 1
+                left, right = src[i], src[j]
+                take_left = left < right
+                increasing += (hi - j) * take_left
+                dst[o] = left if take_left else right
+                i += take_left
+                j += 1 - take_left
                 o += 1
             while i < mid:
-                tmp[o] = buf[i]
+                dst[o] = src[i]
                 i += 1
                 o += 1
             while j < hi:
-                tmp[o] = buf[j]
+                dst[o] = src[j]
                 j += 1
                 o += 1
-            for t in range(lo, hi):
-                buf[t] = tmp[t]
-            lo += 2 * width
+        src, dst = dst, src
         width *= 2
     ties = 0
     run = 0
     for t in range(1, n):
-        run = run + 1 if buf[t] == buf[t - 1] else 0
+        run = run + 1 if src[t] == src[t - 1] else 0
         ties += run
     return increasing, ties
 

@@ -15,7 +15,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nopelab.metrics import adjacency_score, cosine_by_distance, cosine_matrix, norm_score
+from nopelab.metrics import (
+    adjacency_score,
+    cosine_by_distance,
+    cosine_matrix,
+    norm_score,
+    position_variance,
+)
 
 
 class RunningMoments:
@@ -78,7 +84,7 @@ class SiteStats:
         norms = h.norm(dim=-1)  # (B, T)
         similarity = cosine_matrix(h)  # (B, T, T)
         self.samples += h.shape[0]
-        self.variance_sum += h.var(dim=-1, unbiased=False).sum(0).double()
+        self.variance_sum += position_variance(h).sum(0).double()
         self.norm_sum += norms.sum(0).double()
         self.cosine_sum += similarity.sum(0).double()
         adjacency, by_norm = adjacency_score(similarity), norm_score(norms)
@@ -120,25 +126,25 @@ class AttentionStats:
         self.entropy_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
         self.logit_var_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
 
-    def _visible(self, T: int, device: torch.device) -> Tensor:
-        mask = torch.ones(T, T, dtype=torch.bool, device=device)
-        return mask.tril() if self.causal else mask
-
     @torch.no_grad()
     def update_scores(self, scores: Tensor) -> None:
-        """(B, H, T, T) scaled logits, before masking."""
+        """(B, H, T, T) scaled logits, before masking: their spread over the visible keys."""
         scores = scores.detach().float()
-        visible = self._visible(scores.shape[-1], scores.device)
-        counts = visible.sum(-1)  # (T,)
-        centred = (scores - (scores * visible).sum(-1, keepdim=True) / counts[:, None]) * visible
-        variance = (centred**2).sum(-1) / counts  # (B, H, T), population variance over keys
+        T = scores.shape[-1]
+        visible = scores.tril() if self.causal else scores
+        counts = (
+            torch.arange(1, T + 1, device=scores.device)
+            if self.causal
+            else torch.full((T,), T, device=scores.device)
+        )
+        mean = visible.sum(-1) / counts
+        variance = (visible.square().sum(-1) / counts - mean.square()).clamp_min(0)  # (B, H, T)
         self.logit_var_sum += variance.mean(1).sum(0).double()
 
     @torch.no_grad()
     def update_probs(self, probs: Tensor) -> None:
-        """(B, H, T, T) attention probabilities."""
-        probs = probs.detach().float()
-        entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)  # (B, H, T)
+        """(B, H, T, T) attention probabilities: their entropy per query."""
+        entropy = torch.special.entr(probs.detach().float()).sum(-1)  # (B, H, T), nats
         self.samples += probs.shape[0]
         self.entropy_sum += entropy.mean(1).sum(0).double()
 
