@@ -206,7 +206,7 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        scores = (q / math.sqrt(self.head_dim)) @ k.transpose(-2, -1)  # scale the smaller tensor
         if bias is not None:
             scores = scores + bias.to(scores.dtype)
         scores = self.hook_scores(scores)

@@ -138,7 +138,8 @@ class AttentionStats:
             else torch.full((T,), T, device=scores.device)
         )
         mean = visible.sum(-1) / counts
-        variance = (visible.square().sum(-1) / counts - mean.square()).clamp_min(0)  # (B, H, T)
+        mean_square = torch.linalg.vector_norm(visible, dim=-1).square() / counts
+        variance = (mean_square - mean.square()).clamp_min(0)  # (B, H, T)
         self.logit_var_sum += variance.mean(1).sum(0).double()
 
     @torch.no_grad()
