@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up nopelab in ./.venv: Python 3.11+, PyTorch, nopelab and its test tools.
-# On a machine without torch this installs the CPU build torch==2.13.0 first, so the package's
-# loose "torch>=2.4" requirement never pulls a multi-GB CUDA build. To use another build (a CUDA
-# one on a GPU machine), set TORCH_SPEC, e.g. TORCH_SPEC="torch==2.13.0" with the CUDA index
-# configured in pip, or install torch into .venv yourself before running this script.
+# When .venv has no torch yet, this installs torch==2.13.0 first (the local CPU build on this kind
+# of machine), so that the package's loose "torch>=2.4" never pulls a multi-GB CUDA build. For
+# another build, set TORCH_SPEC to pip arguments, e.g.
+#   TORCH_SPEC="torch==2.13.0 --index-url <your CUDA wheel index URL>" bash scripts/setup.sh
+# or install torch into .venv yourself first: a torch that is already there is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -11,6 +12,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  .venv/bin/pip install --quiet --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
+  # shellcheck disable=SC2086 # TORCH_SPEC holds several pip arguments
+  .venv/bin/pip install --quiet --disable-pip-version-check ${TORCH_SPEC:-torch==2.13.0}
 fi
 .venv/bin/pip install --quiet --disable-pip-version-check -e ".[dev]"
