@@ -248,7 +248,8 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except typer.TyperException as exc:  # usage errors from the parser (unknown flag, bad int)
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-        typer.echo(f"nopelab: error: {message}", err=True)
+        if message:  # empty when the parser has already printed the help instead
+            typer.echo(f"nopelab: error: {message}", err=True)
         sys.exit(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt:
         typer.echo("nopelab: interrupted; nothing was written", err=True)

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from nopelab import __version__, plots, theory
+from nopelab.analysis import resolve_device
 from nopelab.capture import CaptureResult
 from nopelab.config import RunConfig
 from nopelab.rundir import write_json
@@ -156,7 +157,7 @@ def write_analysis(
 ) -> dict:
     """Write every file of a run directory into ``out`` (figures optional); return the summary."""
     rows = summary_rows(result)
-    summary = {"rows": rows, "seconds": seconds, "device": cfg.analysis.device}
+    summary = {"rows": rows, "seconds": seconds, "device": str(resolve_device(cfg.analysis.device))}
     write_json(out / "config.json", {**cfg.to_dict(), "environment": environment()})
     write_json(out / "summary.json", summary)
     positions = positions_table(result)
