@@ -88,6 +88,8 @@ def run(cfg: RunConfig, out: Path) -> None:
                 "variance_first": float(stats.variance[0]),
                 "variance_last": float(stats.variance[-1]),
                 "first_over_last": float(stats.variance[0] / stats.variance[-1]),
+                "norm_score": stats.norm_score.mean,
+                "adjacency": stats.adjacency.mean,
             }
             for (site, layer), stats in result.sites.items()
             if site == "attn_out"
@@ -115,7 +117,9 @@ keys aligned with the query (the floor t_m), see docs/theory.md.
 ## The 1/m law is a first-layer effect
 
 Variance of `attn_out` at the first and the last position, per layer (first/last = {T} would be
-a perfect 1/m law):
+a perfect 1/m law), with the two order scores of the same site (mean over samples): the norm score
+(share of position pairs whose later norm is smaller: the variance signal) and Zuo et al.'s
+adjacency score (the similarity signal); 0.5 is chance for both.
 
 {markdown_table(layers)}
 
