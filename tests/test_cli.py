@@ -70,6 +70,7 @@ def test_analyze_writes_a_complete_run(tmp_path: Path, monkeypatch: pytest.Monke
     assert config["model"]["n_layers"] == 2 and config["analysis"]["samples"] == 4
     for name in (
         "variance.png",
+        "distance.png",
         "cosine_attn_out.png",
         "scores.png",
         "attention.png",

@@ -60,6 +60,28 @@ def variance_by_position(
     _save(fig, path)
 
 
+def cosine_by_distance(distance: pd.DataFrame, path: Path, title: str = "") -> None:
+    """Mean cosine similarity against distance |i - j|, a panel per site, a line per layer."""
+    sites = list(dict.fromkeys(distance["site"]))
+    fig, axes = plt.subplots(
+        1, len(sites), figsize=(4.2 * len(sites), 3.6), squeeze=False, layout="constrained"
+    )
+    layers = sorted(distance["layer"].unique())
+    colours = plt.cm.viridis(np.linspace(0, 0.95, len(layers)))
+    for ax, site in zip(axes[0], sites, strict=True):
+        for layer, colour in zip(layers, colours, strict=True):
+            rows = distance[(distance["site"] == site) & (distance["layer"] == layer)]
+            rows = rows[rows["distance"] > 0]
+            if len(rows):
+                ax.plot(rows["distance"], rows["cosine"], color=colour, lw=1.2)
+        ax.set(xscale="log", xlabel="distance |i - j|", ylabel="mean cosine", title=site)
+        ax.grid(alpha=0.3, which="both")
+    _layer_colourbar(fig, axes[0], layers)
+    if title:
+        fig.suptitle(title)
+    _save(fig, path)
+
+
 def cosine_heatmaps(
     matrices: dict[str, np.ndarray], path: Path, ncols: int = 6, title: str = ""
 ) -> None:

@@ -9,7 +9,7 @@ A run directory holds:
 * ``attention.parquet`` — with ``--attn-entropy``: layer, position, entropy, uniform_entropy,
   logit_variance;
 * ``cosine.npz`` — one T x T mean cosine matrix per (site, layer), named ``{site}_{layer}``;
-* ``variance.png``, ``cosine_{site}.png``, ``scores.png`` (and ``attention.png``);
+* ``variance.png``, ``distance.png``, ``cosine_{site}.png``, ``scores.png`` (and ``attention.png``);
 * ``summary.md`` — the headline numbers in a table.
 """
 
@@ -162,7 +162,8 @@ def write_analysis(
     write_json(out / "summary.json", summary)
     positions = positions_table(result)
     positions.to_parquet(out / "positions.parquet", index=False)
-    distance_table(result).to_parquet(out / "distance.parquet", index=False)
+    distance = distance_table(result)
+    distance.to_parquet(out / "distance.parquet", index=False)
     np.savez_compressed(
         out / "cosine.npz",
         **{
@@ -173,6 +174,7 @@ def write_analysis(
     frame = pd.DataFrame(rows)
     if figures:
         plots.variance_by_position(positions, out / "variance.png", first_layer_theory(cfg), title)
+        plots.cosine_by_distance(distance, out / "distance.png", title)
         for site in dict.fromkeys(site for site, _ in result.sites):
             matrices = {
                 f"{s} L{layer}": st.cosine for (s, layer), st in result.sites.items() if s == site
