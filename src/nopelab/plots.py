@@ -17,16 +17,36 @@ def _save(fig: plt.Figure, path: Path) -> None:
     plt.close(fig)
 
 
-def _layer_colourbar(fig: plt.Figure, axes: np.ndarray, layers: list[int]) -> None:
-    """A colour bar keyed by layer, shared by panels whose lines are coloured by layer."""
-    norm = matplotlib.colors.Normalize(
-        vmin=min(layers), vmax=max(layers) / 0.95 if max(layers) else 1
-    )
+def _layer_colours(layers: list[int]) -> matplotlib.colors.Normalize:
+    """The layer-to-colour scale shared by the lines and their colour bar."""
+    low, high = min(layers), max(layers)
+    return matplotlib.colors.Normalize(vmin=low, vmax=high if high > low else low + 1)
+
+
+def _layer_colourbar(
+    fig: plt.Figure, axes: list[plt.Axes], norm: matplotlib.colors.Normalize
+) -> None:
     mappable = matplotlib.cm.ScalarMappable(norm=norm, cmap="viridis")
-    bar = fig.colorbar(mappable, ax=list(axes), fraction=0.02, pad=0.01)
+    bar = fig.colorbar(mappable, ax=axes, fraction=0.02, pad=0.01)
     bar.set_label("layer")
     bar.locator = matplotlib.ticker.MaxNLocator(integer=True)
     bar.update_ticks()
+
+
+def _lines_by_layer(frame: pd.DataFrame, x: str, y: str) -> tuple[plt.Figure, dict[str, plt.Axes]]:
+    """A panel per site, a line of ``y`` against ``x`` (log scale) per layer, a layer colour bar."""
+    sites = list(dict.fromkeys(frame["site"]))
+    fig, axes = plt.subplots(
+        1, len(sites), figsize=(4.2 * len(sites), 3.6), squeeze=False, layout="constrained"
+    )
+    norm = _layer_colours(sorted(frame["layer"].unique()))
+    for ax, site in zip(axes[0], sites, strict=True):
+        for layer, rows in frame[frame["site"] == site].groupby("layer"):
+            ax.plot(rows[x], rows[y], color=plt.cm.viridis(norm(layer)), lw=1.2)
+        ax.set(xscale="log", title=site)
+        ax.grid(alpha=0.3, which="both")
+    _layer_colourbar(fig, list(axes[0]), norm)
+    return fig, dict(zip(sites, axes[0], strict=True))
 
 
 def variance_by_position(
@@ -36,47 +56,23 @@ def variance_by_position(
 
     ``theory`` (if given) is the predicted variance of layer 1's ``attn_out``, drawn dashed.
     """
-    sites = list(dict.fromkeys(positions["site"]))
-    fig, axes = plt.subplots(
-        1, len(sites), figsize=(4.2 * len(sites), 3.6), squeeze=False, layout="constrained"
-    )
-    layers = sorted(positions["layer"].unique())
-    colours = plt.cm.viridis(np.linspace(0, 0.95, max(len(layers), 1)))
-    for ax, site in zip(axes[0], sites, strict=True):
-        for layer, colour in zip(layers, colours, strict=True):
-            rows = positions[(positions["site"] == site) & (positions["layer"] == layer)]
-            if len(rows):
-                ax.plot(rows["position"], rows["variance"], color=colour, lw=1.2)
-        if theory is not None and site == "attn_out":
-            m = np.arange(1, len(theory) + 1)
-            ax.plot(m, theory, "k--", lw=1.5, label="theory, L1")
-        ax.set(xscale="log", yscale="log", xlabel="position m", ylabel="variance", title=site)
-        ax.grid(alpha=0.3, which="both")
-        if theory is not None and site == "attn_out":
-            ax.legend(handles=ax.lines[-1:], fontsize=7)
-    _layer_colourbar(fig, axes[0], layers)
+    fig, axes = _lines_by_layer(positions, "position", "variance")
+    for ax in axes.values():
+        ax.set(yscale="log", xlabel="position m", ylabel="variance")
+    if theory is not None and "attn_out" in axes:
+        ax = axes["attn_out"]
+        (line,) = ax.plot(np.arange(1, len(theory) + 1), theory, "k--", lw=1.5, label="theory, L1")
+        ax.legend(handles=[line], fontsize=7)
     if title:
         fig.suptitle(title)
     _save(fig, path)
 
 
 def cosine_by_distance(distance: pd.DataFrame, path: Path, title: str = "") -> None:
-    """Mean cosine similarity against distance |i - j|, a panel per site, a line per layer."""
-    sites = list(dict.fromkeys(distance["site"]))
-    fig, axes = plt.subplots(
-        1, len(sites), figsize=(4.2 * len(sites), 3.6), squeeze=False, layout="constrained"
-    )
-    layers = sorted(distance["layer"].unique())
-    colours = plt.cm.viridis(np.linspace(0, 0.95, len(layers)))
-    for ax, site in zip(axes[0], sites, strict=True):
-        for layer, colour in zip(layers, colours, strict=True):
-            rows = distance[(distance["site"] == site) & (distance["layer"] == layer)]
-            rows = rows[rows["distance"] > 0]
-            if len(rows):
-                ax.plot(rows["distance"], rows["cosine"], color=colour, lw=1.2)
-        ax.set(xscale="log", xlabel="distance |i - j|", ylabel="mean cosine", title=site)
-        ax.grid(alpha=0.3, which="both")
-    _layer_colourbar(fig, axes[0], layers)
+    """Mean cosine similarity against distance |i - j| > 0, a panel per site, a line per layer."""
+    fig, axes = _lines_by_layer(distance[distance["distance"] > 0], "distance", "cosine")
+    for ax in axes.values():
+        ax.set(xlabel="distance |i - j|", ylabel="mean cosine")
     if title:
         fig.suptitle(title)
     _save(fig, path)
@@ -131,18 +127,14 @@ def scores_by_layer(rows: pd.DataFrame, path: Path, title: str = "") -> None:
 
 def attention_entropy(attention: pd.DataFrame, path: Path) -> None:
     """Attention entropy per query position against the uniform value, one line per layer."""
-    fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
-    layers = sorted(attention["layer"].unique())
-    colours = plt.cm.viridis(np.linspace(0, 0.95, len(layers)))
-    for layer, colour in zip(layers, colours, strict=True):
-        rows = attention[attention["layer"] == layer]
-        ax.plot(rows["position"], rows["entropy"], color=colour, lw=1)
-    first = attention[attention["layer"] == layers[0]]
-    ax.plot(first["position"], first["uniform_entropy"], "k--", lw=1.5, label="uniform (log m)")
-    ax.set(xscale="log", xlabel="query position m", ylabel="entropy (nats)")
-    ax.grid(alpha=0.3)
-    ax.legend(handles=ax.lines[-1:], fontsize=7)
-    _layer_colourbar(fig, np.array([ax]), layers)
+    fig, axes = _lines_by_layer(attention.assign(site="attention"), "position", "entropy")
+    ax = axes["attention"]
+    first = attention[attention["layer"] == attention["layer"].min()]
+    (line,) = ax.plot(
+        first["position"], first["uniform_entropy"], "k--", lw=1.5, label="uniform (log m)"
+    )
+    ax.set(xlabel="query position m", ylabel="entropy (nats)", title="")
+    ax.legend(handles=[line], fontsize=7)
     _save(fig, path)
 
 
