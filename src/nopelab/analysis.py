@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from rich.console import Console
@@ -12,6 +13,9 @@ from nopelab.capture import CaptureResult, StreamingCapture
 from nopelab.config import AnalysisConfig, ModelConfig
 from nopelab.errors import ConfigError
 from nopelab.model import Transformer
+
+if TYPE_CHECKING:
+    from nopelab.sources import Source
 
 
 def resolve_device(name: str) -> torch.device:
@@ -33,15 +37,22 @@ def build_model(cfg: ModelConfig, seed: int) -> Transformer:
     return Transformer(cfg).eval()
 
 
-def input_batches(model_cfg: ModelConfig, cfg: AnalysisConfig) -> Iterator[dict[str, torch.Tensor]]:
-    """Model inputs, batch by batch: N(0, 1) vectors (Chi et al.) or uniform token ids.
+def input_batches(
+    model_cfg: ModelConfig, cfg: AnalysisConfig, source: Source | None = None
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Model inputs, batch by batch: N(0, 1) vectors (Chi et al.), uniform token ids, or
+    held-out data of a training ``source`` (``input = "data"``).
 
     Drawn on the CPU from their own generator (seed + 1), so they do not depend on the device.
     """
+    if cfg.input == "data" and source is None:
+        raise ConfigError("input", "data needs a trained run's data source; use random or tokens")
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     for start in range(0, cfg.samples, cfg.batch_size):
         B = min(cfg.batch_size, cfg.samples - start)
-        if cfg.input == "random":
+        if cfg.input == "data":
+            yield {"idx": source.held_out(B, cfg.seq_len, generator)}
+        elif cfg.input == "random":
             yield {
                 "inputs_embeds": torch.randn(B, cfg.seq_len, model_cfg.d_model, generator=generator)
             }
@@ -67,16 +78,23 @@ def progress_bar(transient: bool = True) -> Progress:
 
 @torch.inference_mode()
 def analyze_model(
-    model: Transformer, cfg: AnalysisConfig, description: str = "analyze", progress: bool = True
+    model: Transformer,
+    cfg: AnalysisConfig,
+    description: str = "analyze",
+    progress: bool = True,
+    source: Source | None = None,
 ) -> CaptureResult:
-    """Feed ``cfg.samples`` generated sequences through ``model`` and return the reduced stats."""
+    """Feed ``cfg.samples`` sequences through ``model`` and return the reduced stats.
+
+    ``source``: a training run's data, for ``cfg.input == "data"``.
+    """
     device = resolve_device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
     model = model.to(device=device, dtype=dtype).eval()
     capture = StreamingCapture(model, cfg.sites, cfg.seq_len, cfg.attn_entropy, device)
     with capture, progress_bar() as bar:
         task = bar.add_task(description, total=cfg.samples, visible=progress)
-        for batch in input_batches(model.cfg, cfg):
+        for batch in input_batches(model.cfg, cfg, source):
             inputs = {k: v.to(device) for k, v in batch.items()}
             if "inputs_embeds" in inputs:
                 inputs["inputs_embeds"] = inputs["inputs_embeds"].to(dtype)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,8 @@ app = typer.Typer(
 
 MODEL = "Model"
 ANALYSIS = "Analysis"
+DATA = "Data"
+TRAINING = "Training"
 OUTPUT = "Output"
 
 
@@ -40,69 +44,105 @@ def _words(text: str | None) -> tuple[str, ...] | None:
     )
 
 
+# Options shared by ``analyze`` and ``train``: None means "not given" (the default applies).
+ConfigFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="TOML, YAML or JSON file with settings tables; flags override it.",
+        rich_help_panel=OUTPUT,
+    ),
+]
+PosEncoding = Annotated[
+    str | None,
+    typer.Option(help="none | learned | sinusoidal | rope | alibi", rich_help_panel=MODEL),
+]
+NopeLayers = Annotated[
+    str | None,
+    typer.Option(help="1-based layers without rope/alibi, e.g. 2,4", rich_help_panel=MODEL),
+]
+Layers = Annotated[int | None, typer.Option(help="Number of blocks [6]", rich_help_panel=MODEL)]
+Heads = Annotated[int | None, typer.Option(help="Attention heads [6]", rich_help_panel=MODEL)]
+DModel = Annotated[int | None, typer.Option(help="Hidden size [384]", rich_help_panel=MODEL)]
+VocabSize = Annotated[
+    int | None,
+    typer.Option(help="Vocabulary size [96; set by the data when training]", rich_help_panel=MODEL),
+]
+MaxSeqLen = Annotated[
+    int | None, typer.Option(help="Learned position table size [256]", rich_help_panel=MODEL)
+]
+Bidirectional = Annotated[
+    bool | None,
+    typer.Option("--bidirectional/--causal", help="Attention mask [causal]", rich_help_panel=MODEL),
+]
+Norm = Annotated[str | None, typer.Option(help="layernorm | rmsnorm", rich_help_panel=MODEL)]
+NormPosition = Annotated[str | None, typer.Option(help="pre | post", rich_help_panel=MODEL)]
+Bias = Annotated[
+    bool | None,
+    typer.Option(
+        "--bias/--no-bias", help="Biases in linear layers and norms [no]", rich_help_panel=MODEL
+    ),
+]
+Init = Annotated[
+    str | None,
+    typer.Option(
+        help="normal | gpt2 | xavier_normal | xavier_uniform | kaiming_uniform | uniform | pytorch",
+        rich_help_panel=MODEL,
+    ),
+]
+InitStd = Annotated[
+    float | None,
+    typer.Option(
+        help="σ of normal/gpt2 init, half-width a of uniform [0.02]", rich_help_panel=MODEL
+    ),
+]
+Dropout = Annotated[
+    float | None, typer.Option(help="Dropout probability [0]", rich_help_panel=MODEL)
+]
+Out = Annotated[
+    Path | None, typer.Option(help="Run directory [runs/NAME-TIMESTAMP]", rich_help_panel=OUTPUT)
+]
+Force = Annotated[bool, typer.Option(help="Replace a non-empty --out", rich_help_panel=OUTPUT)]
+
+
+def _model_flags(**flags: Any) -> dict[str, Any]:
+    """Model flags under their config names; ``nope_layers`` parsed."""
+    flags["nope_layers"] = _ints(flags["nope_layers"], "--nope-layers")
+    flags["n_layers"], flags["n_heads"] = flags.pop("layers"), flags.pop("heads")
+    return flags
+
+
+def _merge(data: dict[str, Any], section: str, flags: dict[str, Any]) -> None:
+    """Lay the given flags over ``data[section]`` (from a config file)."""
+    table = data.setdefault(section, {})
+    if not isinstance(table, dict):
+        raise UserError(f"--config: [{section}] must be a table of settings")
+    table.update({k: v for k, v in flags.items() if v is not None})
+
+
 @app.command()
 def analyze(
-    config: Annotated[
+    run_dir: Annotated[
         Path | None,
-        typer.Option(
-            help="TOML, YAML or JSON file with [model] and [analysis] tables; flags override it.",
-            rich_help_panel=OUTPUT,
+        typer.Argument(
+            help="A training run directory: analyse its trained model (default input: its own "
+            "held-out data). Without it, a randomly initialised model is built from the flags."
         ),
     ] = None,
-    pos_encoding: Annotated[
-        str | None,
-        typer.Option(help="none | learned | sinusoidal | rope | alibi", rich_help_panel=MODEL),
-    ] = None,
-    nope_layers: Annotated[
-        str | None,
-        typer.Option(help="1-based layers without rope/alibi, e.g. 2,4", rich_help_panel=MODEL),
-    ] = None,
-    layers: Annotated[
-        int | None, typer.Option(help="Number of blocks [6]", rich_help_panel=MODEL)
-    ] = None,
-    heads: Annotated[
-        int | None, typer.Option(help="Attention heads [6]", rich_help_panel=MODEL)
-    ] = None,
-    d_model: Annotated[
-        int | None, typer.Option(help="Hidden size [384]", rich_help_panel=MODEL)
-    ] = None,
-    vocab_size: Annotated[
-        int | None, typer.Option(help="Vocabulary for --input tokens [96]", rich_help_panel=MODEL)
-    ] = None,
-    max_seq_len: Annotated[
-        int | None, typer.Option(help="Learned position table size [256]", rich_help_panel=MODEL)
-    ] = None,
-    bidirectional: Annotated[
-        bool | None,
-        typer.Option(
-            "--bidirectional/--causal", help="Attention mask [causal]", rich_help_panel=MODEL
-        ),
-    ] = None,
-    norm: Annotated[
-        str | None, typer.Option(help="layernorm | rmsnorm", rich_help_panel=MODEL)
-    ] = None,
-    norm_position: Annotated[
-        str | None, typer.Option(help="pre | post", rich_help_panel=MODEL)
-    ] = None,
-    bias: Annotated[
-        bool | None,
-        typer.Option(
-            "--bias/--no-bias", help="Biases in linear layers and norms [no]", rich_help_panel=MODEL
-        ),
-    ] = None,
-    init: Annotated[
-        str | None,
-        typer.Option(
-            help="normal | gpt2 | xavier_normal | xavier_uniform | kaiming_uniform | uniform | pytorch",
-            rich_help_panel=MODEL,
-        ),
-    ] = None,
-    init_std: Annotated[
-        float | None,
-        typer.Option(
-            help="σ of normal/gpt2 init, half-width a of uniform [0.02]", rich_help_panel=MODEL
-        ),
-    ] = None,
+    config: ConfigFile = None,
+    pos_encoding: PosEncoding = None,
+    nope_layers: NopeLayers = None,
+    layers: Layers = None,
+    heads: Heads = None,
+    d_model: DModel = None,
+    vocab_size: VocabSize = None,
+    max_seq_len: MaxSeqLen = None,
+    bidirectional: Bidirectional = None,
+    norm: Norm = None,
+    norm_position: NormPosition = None,
+    bias: Bias = None,
+    init: Init = None,
+    init_std: InitStd = None,
     seq_len: Annotated[
         int | None, typer.Option(help="Sequence length [256]", rich_help_panel=ANALYSIS)
     ] = None,
@@ -115,7 +155,9 @@ def analyze(
     input: Annotated[
         str | None,
         typer.Option(
-            help="random (N(0,1) vectors) | tokens (uniform ids)", rich_help_panel=ANALYSIS
+            help="random (N(0,1) vectors) | tokens (uniform ids) | data (a run's held-out task "
+            "lines or text) [random; data for a run directory]",
+            rich_help_panel=ANALYSIS,
         ),
     ] = None,
     sites: Annotated[
@@ -142,36 +184,34 @@ def analyze(
     device: Annotated[
         str | None, typer.Option(help="auto | cpu | cuda[:N] [auto]", rich_help_panel=ANALYSIS)
     ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(help="Run directory [runs/analyze-TIMESTAMP]", rich_help_panel=OUTPUT),
-    ] = None,
-    force: Annotated[
-        bool, typer.Option(help="Replace a non-empty --out", rich_help_panel=OUTPUT)
-    ] = False,
+    out: Out = None,
+    force: Force = False,
 ) -> None:
-    """Analyse a randomly initialised model: variance, norms, cosine similarity, adjacency scores."""
+    """Analyse a model: variance, norms, cosine similarity, adjacency scores per layer and site.
+
+    Random-init by default; give a training run directory to analyse its trained checkpoint.
+    """
     from nopelab.analysis import analyze_model, build_model, resolve_device
     from nopelab.config import RunConfig, read_config_file
     from nopelab.report import write_analysis
     from nopelab.rundir import default_out, staged_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
-    model_flags = {
-        "pos_encoding": pos_encoding,
-        "nope_layers": _ints(nope_layers, "--nope-layers"),
-        "n_layers": layers,
-        "n_heads": heads,
-        "d_model": d_model,
-        "vocab_size": vocab_size,
-        "max_seq_len": max_seq_len,
-        "bidirectional": bidirectional,
-        "norm": norm,
-        "norm_position": norm_position,
-        "bias": bias,
-        "init": init,
-        "init_std": init_std,
-    }
+    model_flags = _model_flags(
+        pos_encoding=pos_encoding,
+        nope_layers=nope_layers,
+        layers=layers,
+        heads=heads,
+        d_model=d_model,
+        vocab_size=vocab_size,
+        max_seq_len=max_seq_len,
+        bidirectional=bidirectional,
+        norm=norm,
+        norm_position=norm_position,
+        bias=bias,
+        init=init,
+        init_std=init_std,
+    )
     analysis_flags = {
         "seq_len": seq_len,
         "samples": samples,
@@ -183,19 +223,273 @@ def analyze(
         "seed": seed,
         "device": device,
     }
-    for section, flags in (("model", model_flags), ("analysis", analysis_flags)):
-        table = data.setdefault(section, {})
-        if not isinstance(table, dict):
-            raise UserError(f"--config: [{section}] must be a table of settings")
-        table.update({k: v for k, v in flags.items() if v is not None})
-    cfg = RunConfig.from_dict(data)
+    source = None
+    if run_dir is not None:
+        from nopelab.train import load_trained, make_source
+
+        given = [f"--{k.replace('_', '-')}" for k, v in model_flags.items() if v is not None]
+        if given or "model" in data:
+            raise UserError(
+                f"{given[0] if given else '--config'}: a trained run fixes the model; drop the model settings"
+            )
+        run, model = load_trained(run_dir)
+        data["model"] = dataclasses.asdict(run.model)
+        analysis = data.setdefault("analysis", {})
+        if isinstance(analysis, dict):
+            analysis.setdefault("input", "data")
+        _merge(data, "analysis", analysis_flags)
+        cfg = RunConfig.from_dict(data)
+        if cfg.analysis.input == "data":
+            source = make_source(run, run_dir)
+    else:
+        _merge(data, "model", model_flags)
+        _merge(data, "analysis", analysis_flags)
+        cfg = RunConfig.from_dict(data)
+        if cfg.analysis.input == "data":
+            raise UserError("--input: data needs a training run directory; use random or tokens")
+        model = build_model(cfg.model, cfg.analysis.seed)
     resolve_device(cfg.analysis.device)
-    out = out or default_out("analyze")
+    out = out or default_out(f"analyze-{run_dir.name}" if run_dir else "analyze")
     with staged_run(out, force) as staging:
         start = time.perf_counter()
-        result = analyze_model(build_model(cfg.model, cfg.analysis.seed), cfg.analysis)
-        write_analysis(staging, cfg, result, time.perf_counter() - start)
+        result = analyze_model(model, cfg.analysis, source=source)
+        title = f"trained model {run_dir}" if run_dir else "random-init model"
+        write_analysis(staging, cfg, result, time.perf_counter() - start, title=title)
     typer.echo(f"wrote {out}")
+
+
+@app.command()
+def train(
+    task: Annotated[
+        str | None,
+        typer.Option(help="add | reverse | order | wherex | copy | count", rich_help_panel=DATA),
+    ] = None,
+    min_len: Annotated[
+        int | None,
+        typer.Option(help="Shortest training operand [task default]", rich_help_panel=DATA),
+    ] = None,
+    max_len: Annotated[
+        int | None,
+        typer.Option(help="Longest training operand [task default]", rich_help_panel=DATA),
+    ] = None,
+    test_min_len: Annotated[
+        int | None, typer.Option(help="Shortest test operand [= --min-len]", rich_help_panel=DATA)
+    ] = None,
+    test_max_len: Annotated[
+        int | None, typer.Option(help="Longest test operand [= --max-len]", rich_help_panel=DATA)
+    ] = None,
+    reversed_answer: Annotated[
+        bool | None,
+        typer.Option(
+            "--reversed-answer/--plain-answer",
+            help="add: sum written backwards [plain]",
+            rich_help_panel=DATA,
+        ),
+    ] = None,
+    train_size: Annotated[
+        int | None, typer.Option(help="Training lines [10000]", rich_help_panel=DATA)
+    ] = None,
+    test_size: Annotated[
+        int | None, typer.Option(help="Test lines [1000]", rich_help_panel=DATA)
+    ] = None,
+    corpus: Annotated[
+        str | None,
+        typer.Option(
+            help="default (World English Bible) | a .txt file | a folder of .txt | .jsonl | .parquet | hf:NAME[:SPLIT]",
+            rich_help_panel=DATA,
+        ),
+    ] = None,
+    column: Annotated[
+        str | None,
+        typer.Option(help="Text column of .jsonl/.parquet/hf [text]", rich_help_panel=DATA),
+    ] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option(help="byte | bpe [byte]", rich_help_panel=DATA)
+    ] = None,
+    bpe_vocab: Annotated[
+        int | None, typer.Option(help="BPE vocabulary size [4096]", rich_help_panel=DATA)
+    ] = None,
+    config: ConfigFile = None,
+    pos_encoding: PosEncoding = None,
+    nope_layers: NopeLayers = None,
+    layers: Layers = None,
+    heads: Heads = None,
+    d_model: DModel = None,
+    vocab_size: VocabSize = None,
+    max_seq_len: MaxSeqLen = None,
+    bidirectional: Bidirectional = None,
+    norm: Norm = None,
+    norm_position: NormPosition = None,
+    bias: Bias = None,
+    init: Init = None,
+    init_std: InitStd = None,
+    dropout: Dropout = None,
+    steps: Annotated[
+        int | None, typer.Option(help="Optimiser steps [2000]", rich_help_panel=TRAINING)
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Global batch in sequences [32]", rich_help_panel=TRAINING)
+    ] = None,
+    seq_len: Annotated[
+        int | None, typer.Option(help="Training context [256]", rich_help_panel=TRAINING)
+    ] = None,
+    lr: Annotated[
+        float | None, typer.Option(help="Peak learning rate [1e-3]", rich_help_panel=TRAINING)
+    ] = None,
+    warmup: Annotated[
+        int | None, typer.Option(help="Warm-up steps [100]", rich_help_panel=TRAINING)
+    ] = None,
+    weight_decay: Annotated[
+        float | None, typer.Option(help="AdamW weight decay [0.1]", rich_help_panel=TRAINING)
+    ] = None,
+    grad_clip: Annotated[
+        float | None,
+        typer.Option(help="Gradient-norm clip, 0 = off [1.0]", rich_help_panel=TRAINING),
+    ] = None,
+    eval_every: Annotated[
+        int | None, typer.Option(help="Steps between evaluations [250]", rich_help_panel=TRAINING)
+    ] = None,
+    checkpoint_every: Annotated[
+        int | None, typer.Option(help="Steps between checkpoints [250]", rich_help_panel=TRAINING)
+    ] = None,
+    compile: Annotated[
+        bool | None,
+        typer.Option(
+            "--compile/--no-compile", help="torch.compile the model [no]", rich_help_panel=TRAINING
+        ),
+    ] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option(
+            help="auto (bf16 autocast on CUDA) | float32 | bfloat16", rich_help_panel=TRAINING
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(help="Seed for data, weights and dropout [0]", rich_help_panel=TRAINING),
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto | cpu | cuda[:N] [auto]", rich_help_panel=TRAINING)
+    ] = None,
+    out: Out = None,
+    resume: Annotated[
+        bool,
+        typer.Option(help="Continue the run in --out from its checkpoint", rich_help_panel=OUTPUT),
+    ] = False,
+    force: Force = False,
+) -> None:
+    """Train a model on a synthetic task (--task) or on text (--corpus); torchrun runs it data-parallel."""
+    from nopelab.config import read_config_file
+    from nopelab.tasks import VOCAB
+    from nopelab.train import read_run
+    from nopelab.train import train as run_training
+
+    if resume and force:
+        raise UserError("--resume and --force exclude each other")
+    if resume and out is None:
+        raise UserError("--resume: give the run directory with --out")
+    if resume:
+        if not (out / "config.json").is_file():
+            raise UserError(f"--resume: {out} holds no training run (no config.json)")
+        data: dict[str, Any] = read_run(out).to_dict()
+    else:
+        data = read_config_file(config) if config else {}
+    if task is not None:
+        data.setdefault("task", {})["name"] = task
+    if corpus is not None:
+        data.setdefault("corpus", {})["source"] = corpus
+    if not resume and "task" not in data and "corpus" not in data:
+        raise UserError(
+            "--task or --corpus: say what to train on (e.g. --task add or --corpus default)"
+        )
+    if "task" in data:
+        _merge(
+            data,
+            "task",
+            {
+                "min_len": min_len,
+                "max_len": max_len,
+                "test_min_len": test_min_len,
+                "test_max_len": test_max_len,
+                "reversed_answer": reversed_answer,
+                "train_size": train_size,
+                "test_size": test_size,
+            },
+        )
+    if "corpus" in data:
+        _merge(data, "corpus", {"column": column, "tokenizer": tokenizer, "bpe_vocab": bpe_vocab})
+    model_flags = _model_flags(
+        pos_encoding=pos_encoding,
+        nope_layers=nope_layers,
+        layers=layers,
+        heads=heads,
+        d_model=d_model,
+        vocab_size=vocab_size,
+        max_seq_len=max_seq_len,
+        bidirectional=bidirectional,
+        norm=norm,
+        norm_position=norm_position,
+        bias=bias,
+        init=init,
+        init_std=init_std,
+        dropout=dropout,
+    )
+    if not resume and vocab_size is None and "vocab_size" not in data.get("model", {}):
+        model_flags["vocab_size"] = len(VOCAB) if "task" in data else _corpus_vocab(data["corpus"])
+    _merge(data, "model", model_flags)
+    _merge(
+        data,
+        "train",
+        {
+            "steps": steps,
+            "batch_size": batch_size,
+            "seq_len": seq_len,
+            "lr": lr,
+            "warmup": warmup,
+            "weight_decay": weight_decay,
+            "grad_clip": grad_clip,
+            "eval_every": eval_every,
+            "checkpoint_every": checkpoint_every,
+            "compile": compile,
+            "precision": precision,
+            "seed": seed,
+            "device": device,
+        },
+    )
+    from nopelab.train import TrainRun
+
+    run = TrainRun.from_dict(data)
+    out = out or default_out_for_train(run)
+    try:
+        summary = run_training(run, out, resume=resume, force=force)
+    except KeyboardInterrupt:
+        raise UserError(
+            f"interrupted; the last checkpoint is kept: continue with nopelab train --resume --out {out}"
+        ) from None
+    if summary is not None and int(os.environ.get("RANK", "0")) == 0:
+        typer.echo(
+            f"final evaluation: {_format_metrics(summary['final_eval'])}; "
+            f"{summary['tokens_per_second']:.0f} tokens/s"
+        )
+        typer.echo(f"wrote {out}")
+
+
+def _corpus_vocab(corpus: dict[str, Any]) -> int:
+    """The model vocabulary a corpus setting implies (byte: 256; bpe: its vocabulary size)."""
+    if corpus.get("tokenizer", "byte") == "bpe":
+        return int(corpus.get("bpe_vocab", 4096))
+    return 256
+
+
+def default_out_for_train(run: Any) -> Path:
+    from nopelab.rundir import default_out
+
+    what = run.task.name if run.task is not None else "text"
+    return default_out(f"train-{what}-{run.model.pos_encoding}")
+
+
+def _format_metrics(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
 
 
 @app.command()

@@ -29,7 +29,7 @@ INITS = (
 )
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
-INPUTS = ("random", "tokens")
+INPUTS = ("random", "tokens", "data")
 DTYPES = ("float32", "bfloat16", "float16")
 SITES = ("embed", "attn_out", "resid_mid", "mlp_out", "resid_post")
 BLOCK_SITES = SITES[1:]
@@ -142,7 +142,7 @@ class AnalysisConfig:
     seq_len: int = 256
     samples: int = 64
     batch_size: int = 8
-    input: str = "random"  # random input vectors (Chi et al.) or uniformly random token ids
+    input: str = "random"  # random vectors (Chi et al.), uniform token ids, or a run's own data
     sites: tuple[str, ...] = SITES
     attn_entropy: bool = False
     seed: int = 0
@@ -164,10 +164,7 @@ class AnalysisConfig:
             raise ConfigError("sites", f"needs at least one of: {', '.join(SITES)}")
         for site in self.sites:
             _choice("sites", site, SITES)
-        if self.device != "auto" and not self.device.startswith(("cpu", "cuda", "mps")):
-            raise ConfigError(
-                "device", f"unknown device {self.device!r}; allowed: auto, cpu, cuda[:N], mps"
-            )
+        _check_device(self.device)
 
     def check_model(self, model: ModelConfig) -> None:
         """Reject combinations that the model cannot run."""
@@ -246,3 +243,78 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         )
     data.pop("environment", None)  # written into run directories' config.json; not a setting
     return data
+
+
+PRECISIONS = ("auto", "float32", "bfloat16")
+TOKENIZERS = ("byte", "bpe")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train: optimiser, schedule, evaluation and checkpoints.
+
+    Defaults follow Zuo et al.'s nanoGPT recipe (AdamW, weight decay 0.1, beta2 0.99, clip 1.0,
+    linear warm-up then cosine decay to ``min_lr_ratio * lr``), shortened for a CPU.
+    """
+
+    steps: int = 2000
+    batch_size: int = 32  # global batch (split across processes under torchrun)
+    seq_len: int = 256
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # 0 turns clipping off
+    eval_every: int = 250
+    eval_samples: int = 512  # task: test examples decoded at each evaluation (all at the end)
+    eval_tokens: int = 32768  # text: held-out tokens per evaluated length
+    checkpoint_every: int = 250
+    compile: bool = False
+    precision: str = "auto"  # auto: bfloat16 autocast on CUDA, float32 elsewhere
+    device: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        for name in ("steps", "batch_size", "seq_len", "lr", "eval_every", "checkpoint_every"):
+            _positive(name, getattr(self, name))
+        for name in ("eval_samples", "eval_tokens"):
+            _positive(name, getattr(self, name))
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError("min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio!r}")
+        for name in ("warmup", "weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)!r}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)!r}")
+        _choice("precision", self.precision, PRECISIONS)
+        _check_device(self.device)
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """Which text to train a language model on, and how to tokenise it."""
+
+    source: str = (
+        "default"  # default | a .txt file | a folder of .txt | .jsonl | .parquet | hf:NAME
+    )
+    column: str = "text"  # the text column of a .jsonl, .parquet or Hugging Face dataset
+    tokenizer: str = "byte"
+    bpe_vocab: int = 4096
+    val_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _choice("tokenizer", self.tokenizer, TOKENIZERS)
+        if self.tokenizer == "bpe" and self.bpe_vocab <= 256:
+            raise ConfigError("bpe_vocab", f"must be > 256 for a BPE, got {self.bpe_vocab}")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError("val_fraction", f"must be in (0, 1), got {self.val_fraction!r}")
+
+
+def _check_device(device: str) -> None:
+    if device != "auto" and not device.startswith(("cpu", "cuda", "mps")):
+        raise ConfigError("device", f"unknown device {device!r}; allowed: auto, cpu, cuda[:N], mps")

@@ -162,3 +162,29 @@ def score_against_init(scores: pd.DataFrame, path: Path, title: str = "") -> Non
     if title:
         fig.suptitle(title)
     _save(fig, path)
+
+
+def training_curves(metrics: pd.DataFrame, evals: pd.DataFrame, path: Path) -> None:
+    """Training loss (raw and smoothed) and each evaluation metric against step."""
+    names = [c for c in evals.columns if c != "step"] if len(evals) else []
+    fig, axes = plt.subplots(
+        1,
+        1 + len(names),
+        figsize=(4.2 * (1 + len(names)), 3.4),
+        squeeze=False,
+        layout="constrained",
+    )
+    ax = axes[0][0]
+    if len(metrics):
+        ax.plot(metrics["step"], metrics["loss"], lw=0.6, alpha=0.4, color="C0")
+        window = max(1, len(metrics) // 50)
+        ax.plot(metrics["step"], metrics["loss"].rolling(window).mean(), lw=1.4, color="C0")
+    ax.set(xlabel="step", ylabel="training loss", yscale="log", title="training loss")
+    for ax, name in zip(axes[0][1:], names, strict=True):
+        ax.plot(evals["step"], evals[name], marker="o", ms=3)
+        ax.set(xlabel="step", title=f"held-out {name}")
+        if name.startswith(("loss", "perplexity")):
+            ax.set_yscale("log")
+    for ax in axes[0]:
+        ax.grid(alpha=0.3, which="both")
+    _save(fig, path)

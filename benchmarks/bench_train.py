@@ -1,0 +1,302 @@
+"""Training throughput (tokens/s) and model-FLOPs utilisation (MFU) of the Zuo model.
+
+Run: ``.venv/bin/python benchmarks/bench_train.py`` (add ``--quick`` for batch sizes 1 and 8
+only and fewer timed steps). Everything is measured in this one run, so MFU compares the
+training step with the fp32 matmul peak of the same machine under the same thread count.
+
+Model: the Zuo et al. nanoGPT-style model, i.e. ``ModelConfig()`` defaults (6 layers, 6 heads,
+d = 384, vocab 96, pre-LN, GELU MLP, no biases, tied embeddings, NoPE), with
+``max_seq_len = --seq-len`` (256 by default), fed uniformly random token ids.
+
+Training step: forward, cross-entropy over all B x T positions, backward, gradient-norm clip
+to 1.0, AdamW step (lr 3e-4, weight decay 0.1, betas (0.9, 0.99)), ``zero_grad(set_to_none=True)``.
+After ``--warmup`` untimed steps, ``--steps`` steps are timed one by one; the table reports the
+median step time (and the MFU of the best step, as a measure of what the machine can do when
+nothing else runs on it).
+
+Peak: best-of-``--repeats`` GFLOP/s of fp32 ``torch.mm`` on square matrices (1024, 2048) and on
+the model's own training shapes (B*T = 2048 rows against the qkv, MLP and LM-head weights), all
+with the threads torch uses. The peak is the maximum over every shape, measured once before and
+once after the training runs, so a burst of noise during one measurement cannot inflate MFU.
+
+Model FLOPs per token (PaLM appendix B, as in nanoGPT's ``estimate_mfu``)::
+
+    F = 6 * N + 12 * L * d * T
+
+* ``N``: parameters of every weight matrix used in a matmul = the ``nn.Linear`` weights, i.e.
+  per layer qkv (3d^2), attention out (d^2), MLP in and out (8d^2), plus the LM head (V*d).
+  The LM head shares its matrix with the token embedding (tied), and is counted once, as the
+  head; the embedding lookup is a gather, not a matmul, and is not counted. LayerNorm gains
+  are not counted. For the Zuo model N = 6 * 12 * 384^2 + 96 * 384 = 10,653,696.
+* ``12 L d T``: the attention score and value matmuls (QK^T and PV: 2 * 2 * T * d FLOPs per
+  token per layer forward, times 3 for forward plus backward), with T the sequence length.
+  No causal halving: the full T x T square is counted even though a causal kernel can skip
+  the upper triangle, which is the PaLM / nanoGPT convention (with halving the term would be
+  6 L d T; at T = 256 it is 7.1 of 71.0 MFLOP per token, so halving lowers MFU by about 5%).
+* Softmax, GELU, LayerNorm, cross-entropy, clipping and the optimizer are not counted.
+
+MFU = F * tokens per second / measured peak FLOP/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nopelab.config import ModelConfig
+from nopelab.model import Transformer
+
+
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    """Minimum wall time over ``repeats`` calls, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+# ------------------------------------------------------------------------ matmul peak
+
+
+def matmul_shapes(cfg: ModelConfig, rows: int) -> dict[str, tuple[int, int, int]]:
+    """(m, k, n) of square matmuls and of the model's linear layers at ``rows`` = B * T."""
+    d, hidden = cfg.d_model, cfg.mlp_ratio * cfg.d_model
+    return {
+        "square 1024": (1024, 1024, 1024),
+        "square 2048": (2048, 2048, 2048),
+        f"{rows} x {d} @ {d} x {3 * d} (qkv)": (rows, d, 3 * d),
+        f"{rows} x {d} @ {d} x {hidden} (mlp in)": (rows, d, hidden),
+        f"{rows} x {hidden} @ {hidden} x {d} (mlp out)": (rows, hidden, d),
+        f"{rows} x {d} @ {d} x {cfg.vocab_size} (lm head)": (rows, d, cfg.vocab_size),
+    }
+
+
+def matmul_gflops(shapes: dict[str, tuple[int, int, int]], repeats: int) -> dict[str, float]:
+    """Best-of-``repeats`` GFLOP/s of fp32 ``torch.mm`` at each (m, k, n)."""
+    result = {}
+    for name, (m, k, n) in shapes.items():
+        a, b, out = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+        calls = max(1, int(2e9 // (2 * m * k * n)))  # time >= ~2 GFLOP per sample
+
+        def run(a=a, b=b, out=out, calls=calls) -> None:
+            for _ in range(calls):
+                torch.mm(a, b, out=out)
+
+        seconds = best_of(run, repeats) / calls
+        result[name] = 2 * m * k * n / seconds / 1e9
+    return result
+
+
+# ------------------------------------------------------------------------ model FLOPs
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    matmul_params: int  # N
+    dense: int  # 6 N per token
+    attention: int  # 12 L d T per token
+
+    @property
+    def per_token(self) -> int:
+        return self.dense + self.attention
+
+
+def model_flops(model: Transformer, seq_len: int) -> FlopCount:
+    """Training FLOPs per token, 6 N + 12 L d T (see the module docstring)."""
+    cfg = model.cfg
+    n = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    return FlopCount(n, 6 * n, 12 * cfg.n_layers * cfg.d_model * seq_len)
+
+
+# ------------------------------------------------------------------------ training step
+
+
+def make_optimizer(model: nn.Module, impl: str) -> torch.optim.Optimizer:
+    """AdamW with the given implementation: ``forloop``, ``foreach`` or ``fused``."""
+    kwargs = {"foreach": False}
+    if impl == "foreach":
+        kwargs = {"foreach": True}
+    elif impl == "fused":
+        kwargs = {"fused": True}
+    return torch.optim.AdamW(
+        model.parameters(), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.99), **kwargs
+    )
+
+
+def make_step(
+    model: Transformer, optimizer: torch.optim.Optimizer, compile_mode: str | None
+) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """One training step; with ``compile_mode`` the forward and loss go through torch.compile."""
+    vocab = model.cfg.vocab_size
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model(x).view(-1, vocab), y.view(-1))
+
+    if compile_mode is not None:
+        loss_fn = torch.compile(loss_fn, mode=None if compile_mode == "default" else compile_mode)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        loss_fn(x, y).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+@dataclass(frozen=True)
+class Timing:
+    batch: int
+    median: float
+    best: float
+
+
+def time_training(
+    batch: int,
+    seq_len: int,
+    steps: int,
+    warmup: int,
+    seed: int,
+    impl: str,
+    compile_mode: str | None,
+) -> tuple[Timing, FlopCount]:
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig(max_seq_len=seq_len)).train()
+    flops = model_flops(model, seq_len)
+    step = make_step(model, make_optimizer(model, impl), compile_mode)
+    vocab = model.cfg.vocab_size
+    x = torch.randint(0, vocab, (batch, seq_len))
+    y = torch.randint(0, vocab, (batch, seq_len))
+    for _ in range(warmup):
+        step(x, y)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step(x, y)
+        times.append(time.perf_counter() - start)
+    return Timing(batch, statistics.median(times), min(times)), flops
+
+
+def profile_step(batch: int, seq_len: int, seed: int, impl: str, rows: int) -> None:
+    """Print the torch.profiler op breakdown (self CPU time) of one eager training step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig(max_seq_len=seq_len)).train()
+    step = make_step(model, make_optimizer(model, impl), None)
+    x = torch.randint(0, model.cfg.vocab_size, (batch, seq_len))
+    y = torch.randint(0, model.cfg.vocab_size, (batch, seq_len))
+    for _ in range(2):
+        step(x, y)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            step(x, y)
+    print(f"\nProfile of 3 eager steps, batch {batch}, T = {seq_len} (self CPU time):")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
+# ------------------------------------------------------------------------ main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="batch sizes 1 and 8 only, fewer timed steps"
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="best-of count for the peak")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 8; 4 quick)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps (2; 3 compiled)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for weights and inputs")
+    parser.add_argument(
+        "--batch-sizes",
+        type=lambda s: [int(b) for b in s.split(",")],
+        default=None,
+        help="comma-separated (default 1,4,8,16,32; quick 1,8)",
+    )
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument(
+        "--adamw",
+        choices=("forloop", "foreach", "fused"),
+        default="fused",
+        help="AdamW implementation (torch's CPU default is forloop)",
+    )
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="default",
+        default=None,
+        choices=("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune"),
+        help="torch.compile the forward and loss (optionally with a mode)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="B", help="also profile one step at batch B"
+    )
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    batch_sizes = args.batch_sizes or ([1, 8] if args.quick else [1, 4, 8, 16, 32])
+    steps = args.steps or (4 if args.quick else 8)
+    warmup = args.warmup if args.warmup is not None else (3 if args.compile else 2)
+    cfg = ModelConfig(max_seq_len=args.seq_len)
+
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"CPU capability {torch.backends.cpu.get_cpu_capability()}, AdamW {args.adamw}, "
+        f"compile {args.compile or 'off'}"
+    )
+    shapes = matmul_shapes(cfg, rows=8 * args.seq_len)
+    before = matmul_gflops(shapes, args.repeats)
+
+    rows = []
+    flops = None
+    for batch in batch_sizes:
+        timing, flops = time_training(
+            batch, args.seq_len, steps, warmup, args.seed, args.adamw, args.compile
+        )
+        rows.append(timing)
+
+    after = matmul_gflops(shapes, args.repeats)
+    print(f"\nfp32 torch.mm, best of {args.repeats}, before / after the training runs (GFLOP/s):")
+    for name in shapes:
+        print(f"  {name:34s} {before[name]:7.1f} / {after[name]:7.1f}")
+    peak = max(*before.values(), *after.values())
+    print(f"  peak {peak:.1f} GFLOP/s")
+
+    assert flops is not None
+    print(
+        f"\nZuo model (L = {cfg.n_layers}, H = {cfg.n_heads}, d = {cfg.d_model}, V = "
+        f"{cfg.vocab_size}), T = {args.seq_len}: N = {flops.matmul_params:,} matmul params; "
+        f"per token 6N = {flops.dense / 1e6:.1f} + 12LdT = {flops.attention / 1e6:.1f} "
+        f"= {flops.per_token / 1e6:.1f} MFLOP"
+    )
+    print(f"{steps} timed steps after {warmup} warm-up; step time is the median\n")
+    print(
+        f"{'batch':>5s} {'tokens/s':>9s} {'step ms':>9s} {'GFLOP/s':>8s} {'MFU':>6s} {'best MFU':>9s}"
+    )
+    for t in rows:
+        tokens = t.batch * args.seq_len
+        achieved = tokens * flops.per_token / t.median / 1e9
+        best = tokens * flops.per_token / t.best / 1e9
+        print(
+            f"{t.batch:5d} {tokens / t.median:9.0f} {t.median * 1e3:9.1f} {achieved:8.1f} "
+            f"{achieved / peak:6.1%} {best / peak:9.1%}"
+        )
+
+    if args.profile:
+        profile_step(args.profile, args.seq_len, args.seed, args.adamw, rows=20)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Checkpoints: tensors in safetensors files, everything else in JSON; never pickle.
+
+A training run directory holds one checkpoint, written as a set:
+
+* ``model.safetensors`` — the weights (tied weights stored once);
+* ``optimizer.safetensors`` — the optimiser's per-parameter state, its hyperparameters in the
+  file's metadata;
+* ``trainer_state.json`` — the step reached and the SHA-256 of both files, written last, so a
+  file that was truncated, corrupted or swapped by an interrupted save is caught on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from nopelab.errors import UserError
+
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+STATE_FILE = "trainer_state.json"
+
+
+class CheckpointError(UserError):
+    """A checkpoint that is missing, damaged or does not fit the model."""
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _replace_atomically(path: Path, write: Any) -> None:
+    """Call ``write(tmp)`` then move ``tmp`` over ``path``, so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with every shared tensor kept once (under its first name), contiguous."""
+    seen: set[int] = set()
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        tensors[name] = tensor.detach().contiguous().cpu()
+    return tensors
+
+
+def save_model(model: nn.Module, path: Path) -> None:
+    _replace_atomically(path, lambda tmp: save_file(model_tensors(model), str(tmp)))
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint: {path} is missing")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"checkpoint: {path} is damaged or truncated ({detail})") from None
+
+
+def load_model(model: nn.Module, path: Path, expected_sha256: str | None = None) -> None:
+    """Load weights into ``model``; names and shapes must match its configuration exactly."""
+    if expected_sha256 is not None and path.is_file() and sha256(path) != expected_sha256:
+        raise CheckpointError(
+            f"checkpoint: {path} does not match the hash recorded at save time (corrupted?)"
+        )
+    tensors = _read_safetensors(path)
+    expected = model_tensors(model)
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        what = f"missing {missing[0]!r}" if missing else f"unexpected {unexpected[0]!r}"
+        raise CheckpointError(
+            f"checkpoint: {path} does not match the model config ({what}; "
+            f"{len(missing)} missing, {len(unexpected)} unexpected tensors)"
+        )
+    for name, tensor in tensors.items():
+        if tensor.shape != expected[name].shape:
+            raise CheckpointError(
+                f"checkpoint: {path} does not match the model config: {name} has shape "
+                f"{tuple(tensor.shape)}, the config gives {tuple(expected[name].shape)}"
+            )
+    with torch.no_grad():
+        params = dict(model.state_dict(keep_vars=True))
+        for name, tensor in tensors.items():
+            params[name].copy_(tensor)
+
+
+def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    state = optimizer.state_dict()
+    tensors = {
+        f"{index}.{key}": value.detach().contiguous().cpu()
+        for index, entries in state["state"].items()
+        for key, value in entries.items()
+    }
+    metadata = {"param_groups": json.dumps(state["param_groups"])}
+    _replace_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+def load_optimizer(
+    optimizer: torch.optim.Optimizer, path: Path, expected_sha256: str | None = None
+) -> None:
+    if expected_sha256 is not None and path.is_file() and sha256(path) != expected_sha256:
+        raise CheckpointError(
+            f"checkpoint: {path} does not match the hash recorded at save time (corrupted?)"
+        )
+    tensors = _read_safetensors(path)
+    with safe_open(str(path), "pt") as f:
+        groups = json.loads((f.metadata() or {}).get("param_groups", "[]"))
+    for group in groups:  # JSON turned tuples (betas) into lists
+        group.update(
+            {k: tuple(v) for k, v in group.items() if isinstance(v, list) and k != "params"}
+        )
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = tensor
+    try:
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint: {path} does not fit this optimiser ({exc})") from None
+
+
+def save_checkpoint(
+    out: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Write weights, optimiser state, then ``trainer_state.json`` with both files' hashes."""
+    save_model(model, out / MODEL_FILE)
+    save_optimizer(optimizer, out / OPTIMIZER_FILE)
+    record = {
+        **state,
+        "model_sha256": sha256(out / MODEL_FILE),
+        "optimizer_sha256": sha256(out / OPTIMIZER_FILE),
+    }
+    _replace_atomically(out / STATE_FILE, lambda tmp: tmp.write_text(json.dumps(record, indent=2)))
+
+
+def read_state(out: Path) -> dict[str, Any]:
+    path = out / STATE_FILE
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint: {out} has no {STATE_FILE}; it holds no checkpoint")
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        raise CheckpointError(f"checkpoint: {path} is damaged (not valid JSON)") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise CheckpointError(f"checkpoint: {path} has no step count")
+    return state
+
+
+def load_checkpoint(
+    out: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, Any]:
+    """Restore ``model`` (and ``optimizer``) from ``out``; returns the trainer state."""
+    state = read_state(out)
+    load_model(model, out / MODEL_FILE, state.get("model_sha256"))
+    if optimizer is not None:
+        load_optimizer(optimizer, out / OPTIMIZER_FILE, state.get("optimizer_sha256"))
+    return state

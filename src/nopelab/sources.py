@@ -1,0 +1,180 @@
+"""Training data behind one interface: a synthetic task or a text corpus.
+
+A source gives training batches for a step (from a generator seeded by the step, so a resumed
+run sees the same batches), input ids for analysing a trained model on held-out data, and
+its own evaluation: exact-match accuracy for a task, loss and perplexity for text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nopelab import tasks
+from nopelab.config import CorpusConfig, ModelConfig
+from nopelab.corpus import TokenStream, load_text, split_ids
+from nopelab.errors import ConfigError
+from nopelab.tokenizer import Tokenizer, get_tokenizer, tokenizer_from_json
+
+IGNORE = -100
+Autocast = Callable[[], object]  # a fresh autocast context for each forward pass
+
+
+class Source(Protocol):
+    vocab_size: int
+
+    def batch(
+        self, batch_size: int, seq_len: int, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
+        """(idx, targets), each (B, T) int64 on the CPU; targets are -100 where no loss is taken."""
+
+    def held_out(self, batch_size: int, seq_len: int, generator: torch.Generator) -> Tensor:
+        """(B, T) token ids from data the model was not trained on."""
+
+    def evaluate(
+        self, model: nn.Module, seq_len: int, final: bool, device: torch.device, autocast: Autocast
+    ) -> dict[str, float]:
+        """Held-out metrics; ``final`` asks for the complete evaluation."""
+
+
+def token_loss(
+    model: nn.Module, idx: Tensor, targets: Tensor, autocast: Autocast
+) -> tuple[float, int]:
+    """Summed cross-entropy over the non-ignored targets, and their count."""
+    with autocast():
+        logits = model(idx)
+    loss = F.cross_entropy(
+        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum"
+    )
+    return float(loss), int((targets != IGNORE).sum())
+
+
+class TaskSource:
+    """A synthetic task: packed training lines, exact-match accuracy on the disjoint test set."""
+
+    vocab_size = len(tasks.VOCAB)
+
+    def __init__(self, cfg: tasks.TaskConfig, seed: int, eval_samples: int):
+        self.cfg = cfg
+        self.train, self.test = tasks.make_splits(cfg, seed)
+        self.eval_samples = eval_samples
+
+    def check_model(self, model: ModelConfig, seq_len: int) -> None:
+        if model.vocab_size != self.vocab_size:
+            raise ConfigError(
+                "vocab_size",
+                f"tasks use a {self.vocab_size}-character vocabulary, got {model.vocab_size}",
+            )
+        longest = tasks.max_line_len(self.cfg)
+        if model.pos_encoding == "learned" and longest > model.max_seq_len:
+            raise ConfigError(
+                "max_seq_len",
+                f"test lines reach {longest} characters, beyond the learned table ({model.max_seq_len})",
+            )
+        if longest > seq_len:
+            raise ConfigError(
+                "seq_len",
+                f"must hold a whole line of the task ({longest} characters), got {seq_len}",
+            )
+
+    def batch(
+        self, batch_size: int, seq_len: int, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
+        return tasks.packed_batch(self.train, batch_size, seq_len, generator)
+
+    def held_out(self, batch_size: int, seq_len: int, generator: torch.Generator) -> Tensor:
+        return tasks.packed_batch(self.test, batch_size, seq_len, generator)[0]
+
+    @torch.no_grad()
+    def evaluate(
+        self, model: nn.Module, seq_len: int, final: bool, device: torch.device, autocast: Autocast
+    ) -> dict[str, float]:
+        examples = self.test if final else self.test[: self.eval_samples]
+        generator = torch.Generator().manual_seed(0)
+        total, count = 0.0, 0
+        for _ in range(4):
+            idx, targets = tasks.packed_batch(self.test, 32, seq_len, generator)
+            loss, n = token_loss(model, idx.to(device), targets.to(device), autocast)
+            total, count = total + loss, count + n
+        with autocast():
+            acc = tasks.accuracy(model, examples, device=device)
+        return {"accuracy": acc, "loss": total / max(count, 1)}
+
+
+class TextSource:
+    """A text corpus: random training windows, loss and perplexity on the held-out tail."""
+
+    def __init__(self, cfg: CorpusConfig, eval_tokens: int, tokenizer: Tokenizer | None = None):
+        self.cfg = cfg
+        text = load_text(cfg.source, cfg.column)
+        self.tokenizer = tokenizer or get_tokenizer(cfg.tokenizer, text, cfg.bpe_vocab)
+        self.vocab_size = self.tokenizer.vocab_size
+        self.stream = TokenStream(*split_ids(self.tokenizer.encode(text), cfg.val_fraction))
+        self.eval_tokens = eval_tokens
+        self.max_len: int | None = None  # longest evaluable context (learned position tables)
+
+    def check_model(self, model: ModelConfig, seq_len: int) -> None:
+        if model.vocab_size < self.vocab_size:
+            raise ConfigError(
+                "vocab_size",
+                f"the {self.cfg.tokenizer} tokenizer has {self.vocab_size} tokens; got {model.vocab_size}",
+            )
+        if model.pos_encoding == "learned":
+            if seq_len > model.max_seq_len:
+                raise ConfigError(
+                    "seq_len",
+                    f"{seq_len} exceeds the learned position table (max_seq_len={model.max_seq_len})",
+                )
+            self.max_len = model.max_seq_len
+        val = len(self.stream.val)
+        if val < seq_len + 1:
+            raise ConfigError(
+                "seq_len",
+                f"{seq_len} is longer than the held-out text ({val} tokens); use a bigger corpus",
+            )
+
+    def batch(
+        self, batch_size: int, seq_len: int, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
+        return self.stream.batch("train", batch_size, seq_len, generator)
+
+    def held_out(self, batch_size: int, seq_len: int, generator: torch.Generator) -> Tensor:
+        return self.stream.batch("val", batch_size, seq_len, generator)[0]
+
+    @torch.no_grad()
+    def evaluate(
+        self, model: nn.Module, seq_len: int, final: bool, device: torch.device, autocast: Autocast
+    ) -> dict[str, float]:
+        """Loss and perplexity on held-out windows of the training length, 2x and 4x it.
+
+        Lengths that a learned position table cannot reach, or that the held-out text is too
+        short for, are left out.
+        """
+        metrics = {}
+        for factor in (1, 2, 4):
+            length = factor * seq_len
+            if (self.max_len and length > self.max_len) or len(self.stream.val) < length + 1:
+                continue
+            windows = max(1, self.eval_tokens // length)
+            total, count = 0.0, 0
+            for x, y in self.stream.eval_windows("val", length, windows):
+                loss, n = token_loss(model, x[None].to(device), y[None].to(device), autocast)
+                total, count = total + loss, count + n
+            suffix = "" if factor == 1 else f"_{factor}x"
+            metrics[f"loss{suffix}"] = total / count
+            metrics[f"perplexity{suffix}"] = math.exp(min(total / count, 700))
+        return metrics
+
+    def save_tokenizer(self, out: Path) -> None:
+        (out / "tokenizer.json").write_text(self.tokenizer.to_json())
+
+
+def load_tokenizer(out: Path) -> Tokenizer | None:
+    path = out / "tokenizer.json"
+    return tokenizer_from_json(path.read_text()) if path.is_file() else None

@@ -1,0 +1,420 @@
+"""Train a model on a synthetic task or on text: AdamW, warm-up and cosine decay, checkpoints,
+exact resume, and data parallelism through ``torchrun``.
+
+Every step's batch comes from a generator seeded by (seed, step), and so does its dropout, so a
+run resumed from a checkpoint retraces the loss curve of an uninterrupted one. Under torchrun
+each process takes its slice of the same global batch and the loss is normalised by the global
+number of target tokens, so N processes compute the update of one process on the whole batch.
+
+A training run directory holds:
+
+* ``config.json`` — model, train and task or corpus settings (plus versions);
+* ``model.safetensors``, ``optimizer.safetensors``, ``trainer_state.json`` — the checkpoint;
+* ``metrics.csv`` — one row per step: step, loss, lr, grad_norm, tokens_per_second;
+* ``eval.csv`` — one row per evaluation: step and the source's metrics;
+* ``tokenizer.json`` — text runs: the tokenizer, so the run can be analysed later;
+* ``training.png`` — loss and evaluation curves;
+* ``summary.json`` — written when training ends: ``final_eval`` (task: ``accuracy``;
+  text: ``loss`` and ``perplexity``, also at 2x and 4x the training length), ``tokens_per_second``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from nopelab import __version__
+from nopelab.analysis import progress_bar, resolve_device
+from nopelab.checkpoint import STATE_FILE, load_checkpoint, read_state, save_checkpoint
+from nopelab.config import CorpusConfig, ModelConfig, TrainConfig, build
+from nopelab.errors import ConfigError, UserError
+from nopelab.model import Transformer
+from nopelab.rundir import write_json
+from nopelab.sources import IGNORE, Source, TaskSource, TextSource, load_tokenizer
+from nopelab.tasks import TaskConfig
+
+CONFIG_FILE = "config.json"
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """Everything that defines a training run: what ``config.json`` holds."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    task: TaskConfig | None = None
+    corpus: CorpusConfig | None = None
+
+    def __post_init__(self) -> None:
+        if (self.task is None) == (self.corpus is None):
+            raise ConfigError("data", "give exactly one of a task (--task) and a corpus (--corpus)")
+        if self.train.batch_size % world_size():
+            raise ConfigError(
+                "batch_size",
+                f"{self.train.batch_size} does not split evenly over {world_size()} processes",
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"model": dataclasses.asdict(self.model), "train": dataclasses.asdict(self.train)}
+        if self.task is not None:
+            data["task"] = dataclasses.asdict(self.task)
+        if self.corpus is not None:
+            data["corpus"] = dataclasses.asdict(self.corpus)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "config") -> TrainRun:
+        allowed = {"model", "train", "task", "corpus"}
+        unknown = set(data) - allowed - {"environment"}
+        if unknown:
+            raise ConfigError(
+                where,
+                f"unknown section {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(allowed))}",
+            )
+        return cls(
+            model=build(ModelConfig, data.get("model", {}), f"{where}.model"),
+            train=build(TrainConfig, data.get("train", {}), f"{where}.train"),
+            task=build(TaskConfig, data["task"], f"{where}.task") if "task" in data else None,
+            corpus=build(CorpusConfig, data["corpus"], f"{where}.corpus")
+            if "corpus" in data
+            else None,
+        )
+
+
+def read_run(out: Path) -> TrainRun:
+    """The configuration of a training run directory."""
+    import json
+
+    path = out / CONFIG_FILE
+    if not path.is_file():
+        raise UserError(f"run: {out} has no {CONFIG_FILE}; is it a training run directory?")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        raise UserError(f"run: {path} is not valid JSON") from None
+    if not isinstance(data, dict) or "train" not in data:
+        raise UserError(f"run: {path} is not the config of a training run")
+    return TrainRun.from_dict(data, where=str(path))
+
+
+def make_source(run: TrainRun, out: Path | None = None) -> Source:
+    """The run's data, checked against the model. ``out``: reuse a saved tokenizer."""
+    if run.task is not None:
+        source: Source = TaskSource(run.task, run.train.seed, run.train.eval_samples)
+    else:
+        tokenizer = load_tokenizer(out) if out is not None else None
+        source = TextSource(run.corpus, run.train.eval_tokens, tokenizer)
+    source.check_model(run.model, run.train.seq_len)
+    return source
+
+
+# ------------------------------------------------------------------------ processes
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _setup_processes(device_name: str) -> torch.device:
+    """Join the torchrun process group (gloo on CPU, NCCL on CUDA) and pick this process's device."""
+    device = resolve_device(device_name)
+    if world_size() > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+# ------------------------------------------------------------------------ the loop pieces
+
+
+def step_seed(seed: int, step: int) -> int:
+    """A distinct, reproducible seed for each (seed, step)."""
+    return (seed * 1_000_003 + step) % (2**63)
+
+
+def learning_rate(cfg: TrainConfig, step: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to ``min_lr_ratio * lr``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    ratio = cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return cfg.lr * ratio
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on the weight matrices only (not on norms and biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda"
+    )
+
+
+def autocast_for(cfg: TrainConfig, device: torch.device):
+    """A factory of autocast contexts: bfloat16 on CUDA under ``auto``, none on the CPU."""
+    use_bf16 = cfg.precision == "bfloat16" or (cfg.precision == "auto" and device.type == "cuda")
+    if not use_bf16:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+class Log:
+    """Rows kept in memory and appended to CSV files at each checkpoint, so the files on disk
+    always end at the checkpoint a resumed run starts from."""
+
+    def __init__(self, out: Path, name: str, keep_until: int | None = None):
+        self.path = out / name
+        self.rows: list[dict[str, Any]] = []
+        if keep_until is not None and self.path.is_file():
+            frame = pd.read_csv(self.path)
+            frame[frame["step"] <= keep_until].to_csv(self.path, index=False)
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        frame = pd.DataFrame(self.rows)
+        header = not self.path.is_file() or self.path.stat().st_size == 0
+        frame.to_csv(self.path, mode="a", header=header, index=False)
+        self.rows = []
+
+    def read(self) -> pd.DataFrame:
+        return pd.read_csv(self.path) if self.path.is_file() else pd.DataFrame()
+
+
+# ------------------------------------------------------------------------ the run directory
+
+
+def prepare_out(out: Path, resume: bool, force: bool) -> bool:
+    """Check ``out`` before any work; returns whether to resume from its checkpoint."""
+    if resume and force:
+        raise UserError("--resume and --force exclude each other")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out: {out} exists and is not a directory")
+    holds_files = out.is_dir() and any(out.iterdir())
+    if resume:
+        if not holds_files:
+            raise UserError(f"--resume: {out} holds no run to resume")
+        read_state(out)  # fails clearly without a checkpoint
+        if (out / "summary.json").is_file():
+            raise UserError(f"--resume: the run in {out} has already finished")
+        return True
+    if holds_files and not force:
+        raise UserError(
+            f"--out: {out} already holds files; pass --resume to continue a run or --force to replace it"
+        )
+    return False
+
+
+def _clear(out: Path) -> None:
+    """Empty ``out`` (for --force): move it aside first, so a failure never leaves half of it."""
+    if out.is_dir() and any(out.iterdir()):
+        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        out.rename(trash / "run")
+        shutil.rmtree(trash, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+# ------------------------------------------------------------------------ training
+
+
+def train(
+    run: TrainRun,
+    out: Path,
+    *,
+    resume: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> dict[str, Any] | None:
+    """Train, checkpointing into ``out``; returns the summary (None when stopped early).
+
+    ``stop_after`` ends the run after that many steps without finishing it, as an interruption
+    would (used to test resuming).
+    """
+    cfg = run.train
+    out = out.absolute()
+    device = _setup_processes(cfg.device)
+    main_process = rank() == 0
+    resume = prepare_out(out, resume, force)
+    if resume:
+        stored = read_run(out)
+        if stored != run:
+            raise UserError(f"--resume: {_first_difference(stored, run)}")
+    source = make_source(run, out if resume else None)
+    _barrier()
+    if main_process and not resume:
+        _clear(out)
+        write_json(out / CONFIG_FILE, {**run.to_dict(), "environment": {"nopelab": __version__}})
+        if isinstance(source, TextSource):
+            source.save_tokenizer(out)
+    _barrier()
+
+    torch.manual_seed(cfg.seed)
+    model = Transformer(run.model).to(device)
+    optimizer = make_optimizer(model, cfg, device)
+    state = load_checkpoint(out, model, optimizer) if resume else {"step": 0, "train_seconds": 0.0}
+    start = state["step"]
+    train_model = model
+    if world_size() > 1:
+        train_model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    if cfg.compile:
+        train_model = torch.compile(train_model)
+    autocast = autocast_for(cfg, device)
+    metrics = Log(out, "metrics.csv", keep_until=start if main_process else None)
+    evals = Log(out, "eval.csv", keep_until=start if main_process else None)
+
+    model.train()
+    local = cfg.batch_size // world_size()
+    rows = slice(rank() * local, (rank() + 1) * local)
+    train_seconds, tokens = float(state["train_seconds"]), 0
+    segment_seconds = 0.0
+    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    with progress_bar(transient=False) as bar:
+        task = bar.add_task(
+            "train", total=cfg.steps, completed=start, visible=progress and main_process
+        )
+        for step in range(start, end):
+            tick = time.perf_counter()
+            lr = learning_rate(cfg, step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            idx, targets = run_source_batch(source, cfg, step)
+            n_targets = int((targets != IGNORE).sum())
+            idx, targets = idx[rows].to(device), targets[rows].to(device)
+            torch.manual_seed(step_seed(cfg.seed, step) + 1)  # dropout
+            with autocast():
+                logits = train_model(idx)
+            loss_sum = F.cross_entropy(
+                logits.flatten(0, 1).float(),
+                targets.flatten(),
+                ignore_index=IGNORE,
+                reduction="sum",
+            )
+            # DDP averages gradients over processes; this scaling makes that the global mean.
+            (loss_sum * world_size() / max(n_targets, 1)).backward()
+            max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+            grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = loss_sum.detach()
+            if dist.is_initialized():
+                dist.all_reduce(loss_sum)
+            loss = float(loss_sum) / max(n_targets, 1)
+            seconds = time.perf_counter() - tick
+            segment_seconds += seconds
+            tokens += idx.numel() * world_size()
+            done = step + 1
+            metrics.add(
+                {
+                    "step": done,
+                    "loss": loss,
+                    "lr": lr,
+                    "grad_norm": grad_norm,
+                    "tokens_per_second": idx.numel() * world_size() / seconds,
+                }
+            )
+            bar.update(task, advance=1, description=f"train loss {loss:.3f}")
+            final = done == cfg.steps
+            if done % cfg.eval_every == 0 or final:
+                if main_process:
+                    model.eval()
+                    result = source.evaluate(model, cfg.seq_len, final, device, autocast)
+                    model.train()
+                    evals.add({"step": done, **result})
+                    if final:
+                        final_eval = result
+                _barrier()
+            if done % cfg.checkpoint_every == 0 or final or done == end:
+                if main_process:
+                    save_checkpoint(
+                        out,
+                        model,
+                        optimizer,
+                        {"step": done, "train_seconds": train_seconds + segment_seconds},
+                    )
+                    metrics.flush()
+                    evals.flush()
+                _barrier()
+    if end < cfg.steps:
+        return None
+    summary = {
+        "steps": cfg.steps,
+        "final_eval": final_eval if main_process else {},
+        "tokens_per_second": tokens / segment_seconds if segment_seconds else float("nan"),
+        "train_seconds": train_seconds + segment_seconds,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "processes": world_size(),
+        "device": str(device),
+    }
+    if main_process:
+        from nopelab.plots import training_curves
+
+        training_curves(metrics.read(), evals.read(), out / "training.png")
+        write_json(out / "summary.json", summary)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return summary
+
+
+def run_source_batch(
+    source: Source, cfg: TrainConfig, step: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of ``step``: the same on every process and in every resumed run."""
+    generator = torch.Generator().manual_seed(step_seed(cfg.seed, step))
+    return source.batch(cfg.batch_size, cfg.seq_len, generator)
+
+
+def _first_difference(stored: TrainRun, asked: TrainRun) -> str:
+    a, b = stored.to_dict(), asked.to_dict()
+    for section in sorted(set(a) | set(b)):
+        for key in sorted(set(a.get(section, {})) | set(b.get(section, {}))):
+            old, new = a.get(section, {}).get(key), b.get(section, {}).get(key)
+            if old != new:
+                return (
+                    f"{section}.{key} is {new!r} but the run was started with {old!r}; "
+                    "drop the flag or start a new run"
+                )
+    return "the configuration differs from the stored run"
+
+
+def load_trained(out: Path, device: torch.device | None = None) -> tuple[TrainRun, Transformer]:
+    """A trained model and its configuration, from a run directory."""
+    run = read_run(out)
+    if not (out / STATE_FILE).is_file():
+        raise UserError(f"run: {out} holds no checkpoint yet")
+    model = Transformer(run.model)
+    load_checkpoint(out, model)
+    return run, model.to(device or "cpu").eval()

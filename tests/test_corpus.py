@@ -1,0 +1,184 @@
+"""Corpus loading, the embedded default corpus, train/val splits and token windows."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from nopelab.corpus import TokenStream, default_corpus, load_text, split_ids
+from nopelab.errors import ConfigError
+
+
+def test_default_corpus() -> None:
+    text = default_corpus()
+    assert len(text.encode("utf-8")) > 4_000_000
+    assert 850_000 < len(text.split()) < 1_000_000
+    lines = text.splitlines()
+    assert lines[0] == "In the beginning, God created the heavens and the earth."
+    assert lines[-1] == "The grace of the Lord Jesus Christ be with all the saints. Amen."
+    assert "For God so loved the world, that he gave his only born Son," in text
+    assert "<" not in text and ">" not in text and "&amp;" not in text
+    assert all(line and line == " ".join(line.split()) for line in lines)
+    assert load_text("default") is text
+
+
+def test_load_txt_file(tmp_path: Path) -> None:
+    path = tmp_path / "a.md"
+    path.write_text("héllo\nworld\n", encoding="utf-8")
+    assert load_text(str(path)) == "héllo\nworld\n"
+
+
+def test_load_folder(tmp_path: Path) -> None:
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "z.txt").write_text("second")
+    (tmp_path / "a.txt").write_text("first")
+    (tmp_path / "notes.md").write_text("ignored")
+    assert load_text(str(tmp_path)) == "first\nsecond"
+
+
+def test_load_jsonl(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    rows = [{"text": "one", "id": 1}, {"text": "two\nlines", "id": 2}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    assert load_text(str(path)) == "one\ntwo\nlines"
+    path.write_text("\ufeff" + json.dumps({"body": "x\u2028y"}, ensure_ascii=False) + "\r\n")
+    assert load_text(str(path), column="body") == "x\u2028y"
+
+
+def test_load_parquet(tmp_path: Path) -> None:
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"text": ["alpha", None, "beta"], "n": [1, 2, 3]}), path)
+    assert load_text(str(path)) == "alpha\nbeta"
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _folder_without_txt(path: Path) -> Path:
+    (path / "sub").mkdir()
+    (path / "sub" / "a.md").write_text("text")
+    return path
+
+
+def _parquet(path: Path, columns: dict) -> Path:
+    pq.write_table(pa.table(columns), path / "d.parquet")
+    return path / "d.parquet"
+
+
+BAD_INPUTS = {
+    "no such file or folder": lambda p: p / "missing.txt",
+    "empty (no text but whitespace)": lambda p: _write(p / "empty.txt", b" \n\t"),
+    "latin1.txt is not UTF-8 (byte 0xe9 at offset 3)": lambda p: _write(
+        p / "latin1.txt", "café".encode("latin-1")
+    ),
+    "has no .txt files": _folder_without_txt,
+    "line 1 has no column 'text' (columns: body)": lambda p: _write(
+        p / "d.jsonl", b'{"body": "x"}\n'
+    ),
+    "line 2 is not valid JSON": lambda p: _write(p / "d.jsonl", b'{"text": "x"}\n{bad\n'),
+    "column 'text' of": lambda p: _write(p / "d.jsonl", b'{"text": " "}\n'),
+    "is not a string": lambda p: _write(p / "d.jsonl", b'{"text": 3}\n'),
+    "has no column 'text' (columns: body, n)": lambda p: _parquet(p, {"body": ["x"], "n": [1]}),
+    "holds int64, not strings": lambda p: _parquet(p, {"text": [1, 2]}),
+    "is not a readable Parquet file": lambda p: _write(p / "bad.parquet", b"not parquet"),
+}
+
+
+@pytest.mark.parametrize("message", BAD_INPUTS)
+def test_load_errors(tmp_path: Path, message: str) -> None:
+    path = BAD_INPUTS[message](tmp_path)
+    with pytest.raises(ConfigError, match=re.escape(message)) as info:
+        load_text(str(path))
+    assert str(info.value).startswith("--corpus: ") and "\n" not in str(info.value)
+
+
+def test_not_utf8_names_the_file_in_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "good.txt").write_text("fine")
+    _write(tmp_path / "bad.txt", b"ok \xff")
+    with pytest.raises(ConfigError, match=r"bad\.txt is not UTF-8 \(byte 0xff at offset 3\)"):
+        load_text(str(tmp_path))
+
+
+def test_hf_source_without_datasets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ConfigError, match="needs the Hugging Face `datasets` library"):
+        load_text("hf:some/name")
+    with pytest.raises(ConfigError, match="name a dataset"):
+        load_text("hf:")
+
+
+def test_split_ids() -> None:
+    ids = np.arange(1000)
+    train, val = split_ids(ids, 0.05)
+    assert len(train) == 950 and len(val) == 50
+    np.testing.assert_array_equal(np.concatenate([train, val]), ids)
+    assert [len(s) for s in split_ids(np.arange(3), 0.01)] == [2, 1]
+    with pytest.raises(ConfigError, match="val_fraction"):
+        split_ids(ids, 1.0)
+    with pytest.raises(ConfigError, match="at least 2"):
+        split_ids(np.arange(1), 0.5)
+
+
+@pytest.fixture
+def stream() -> TokenStream:
+    ids = np.random.default_rng(0).integers(0, 500, 2000).astype(np.uint16)
+    return TokenStream(*split_ids(ids, 0.1))
+
+
+def test_batch_windows(stream: TokenStream) -> None:
+    x, y = stream.batch("train", 8, 32, torch.Generator().manual_seed(1))
+    assert x.shape == y.shape == (8, 32) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    ids = stream.train
+    for row_x, row_y in zip(x, y, strict=True):
+        starts = [s for s in range(len(ids) - 32) if torch.equal(ids[s : s + 32], row_x)]
+        assert any(torch.equal(ids[s + 1 : s + 33], row_y) for s in starts)
+
+
+def test_batch_deterministic(stream: TokenStream) -> None:
+    a = stream.batch("val", 4, 16, torch.Generator().manual_seed(3))
+    b = stream.batch("val", 4, 16, torch.Generator().manual_seed(3))
+    c = stream.batch("val", 4, 16, torch.Generator().manual_seed(4))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[0], c[0])
+
+
+def test_batch_reaches_the_last_token() -> None:
+    s = TokenStream(np.arange(5), np.arange(3))
+    x, y = s.batch("train", 64, 4, torch.Generator().manual_seed(0))
+    assert torch.equal(x, torch.arange(4).expand(64, 4))
+    assert torch.equal(y, torch.arange(1, 5).expand(64, 4))
+
+
+def test_eval_windows(stream: TokenStream) -> None:
+    windows = list(stream.eval_windows("val", 30, 100))
+    assert len(windows) == (len(stream.val) - 1) // 30
+    xs = torch.cat([x for x, _ in windows])
+    assert torch.equal(xs, stream.val[: len(xs)])
+    for x, y in windows:
+        assert x.shape == y.shape == (30,)
+        assert torch.equal(x[1:], y[:-1])
+    assert torch.equal(windows[-1][1][-1], stream.val[len(xs)])
+    again = list(stream.eval_windows("val", 30, 3))
+    assert len(again) == 3
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(again, windows, strict=False))
+
+
+def test_seq_len_and_split_errors(stream: TokenStream) -> None:
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(ConfigError, match=r"seq_len: must be in \[1, 199\] for the val split"):
+        stream.batch("val", 2, 200, gen)
+    with pytest.raises(ConfigError, match="seq_len"):
+        list(stream.eval_windows("train", 5000, 1))
+    with pytest.raises(ConfigError, match="split: unknown value 'test'"):
+        stream.batch("test", 2, 8, gen)
