@@ -41,6 +41,7 @@ MFU = F * tokens per second / measured peak FLOP/s.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -118,6 +119,27 @@ def model_flops(model: Transformer, seq_len: int) -> FlopCount:
     return FlopCount(n, 6 * n, 12 * cfg.n_layers * cfg.d_model * seq_len)
 
 
+# ------------------------------------------------------------------------ other load
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """(busy CPU seconds of the whole machine, CPU seconds of this process); None off Linux.
+
+    Their difference over an interval is what other processes ran: on a shared 2-core machine
+    a second job halves the throughput of a 2-thread OpenMP step (or worse), so the table
+    says how many cores others used while each batch size was timed.
+    """
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    busy = (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return busy, own.user + own.system
+
+
 # ------------------------------------------------------------------------ training step
 
 
@@ -160,6 +182,7 @@ class Timing:
     batch: int
     median: float
     best: float
+    others: float | None  # cores used by other processes while timing, on average
 
 
 def time_training(
@@ -181,11 +204,17 @@ def time_training(
     for _ in range(warmup):
         step(x, y)
     times = []
+    cpu_start, wall_start = cpu_seconds(), time.perf_counter()
     for _ in range(steps):
         start = time.perf_counter()
         step(x, y)
         times.append(time.perf_counter() - start)
-    return Timing(batch, statistics.median(times), min(times)), flops
+    cpu_end, wall = cpu_seconds(), time.perf_counter() - wall_start
+    others = None
+    if cpu_start is not None and cpu_end is not None:
+        busy, own = (end - start for end, start in zip(cpu_end, cpu_start, strict=True))
+        others = max(0.0, busy - own) / wall
+    return Timing(batch, statistics.median(times), min(times), others), flops
 
 
 def profile_step(batch: int, seq_len: int, seed: int, impl: str, rows: int) -> None:
@@ -283,7 +312,8 @@ def main() -> None:
     )
     print(f"{steps} timed steps after {warmup} warm-up; step time is the median\n")
     print(
-        f"{'batch':>5s} {'tokens/s':>9s} {'step ms':>9s} {'GFLOP/s':>8s} {'MFU':>6s} {'best MFU':>9s}"
+        f"{'batch':>5s} {'tokens/s':>9s} {'step ms':>9s} {'GFLOP/s':>8s} {'MFU':>6s} "
+        f"{'best MFU':>9s} {'others':>7s}"
     )
     for t in rows:
         tokens = t.batch * args.seq_len
@@ -291,7 +321,14 @@ def main() -> None:
         best = tokens * flops.per_token / t.best / 1e9
         print(
             f"{t.batch:5d} {tokens / t.median:9.0f} {t.median * 1e3:9.1f} {achieved:8.1f} "
-            f"{achieved / peak:6.1%} {best / peak:9.1%}"
+            f"{achieved / peak:6.1%} {best / peak:9.1%} "
+            + ("    n/a" if t.others is None else f"{t.others:7.2f}")
+        )
+    busy = [t for t in rows if t.others is not None and t.others > 0.1]
+    if busy:
+        print(
+            "'others': CPU cores that other processes used while that row was timed; "
+            f"{len(busy)} row(s) above 0.1 were slowed by them: rerun on an idle machine."
         )
 
     if args.profile:

@@ -56,3 +56,43 @@ def test_zuo2025_random_init_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     ):
         assert (out / name).stat().st_size > 0
     assert (out / "runs" / "causal-nope" / "cosine.npz").exists()
+
+
+def test_zuo2025_trained_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "zuo-trained"
+    reproduce(["zuo2025", "--part", "trained", "--out", str(out)], monkeypatch)
+    accuracy = pd.read_parquet(out / "accuracy.parquet")
+    assert len(accuracy) == 4 * 3 and accuracy["accuracy"].between(0, 1).all()
+    scores = pd.read_parquet(out / "scores.parquet")
+    attn = scores[scores["site"] == "attn_out"]
+    assert set(attn["state"]) == {"init", "trained"}
+    assert set(attn["task"]) == {"add", "reverse", "order", "wherex"}
+    # a causal model at normal(0.02) init shows the pattern on task lines too
+    init = attn[attn["state"] == "init"]
+    assert init["adjacency_mean"].min() > 0.7
+    # init and trained states of one run differ: the analysis really loaded the checkpoint
+    one = attn[(attn["task"] == "reverse") & (attn["pos_encoding"] == "none")]
+    by_state = one.set_index(["state", "layer"])["adjacency_mean"]
+    assert (by_state["init"] - by_state["trained"]).abs().max() > 1e-4
+    text = (out / "summary.md").read_text()
+    assert "Test accuracy" in text and "| reverse | none | trained |" in text
+    for name in ("heatmaps.png", "scores.png"):
+        assert (out / name).stat().st_size > 0
+    run = out / "runs" / "add-rope"
+    for name in ("model.safetensors", "summary.json", "analysis-init/positions.parquet"):
+        assert (run / name).exists()
+
+
+def test_chi2023_pretrained_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "chi-pretrained"
+    reproduce(["chi2023", "--part", "pretrained", "--out", str(out)], monkeypatch)
+    ppl = pd.read_parquet(out / "perplexity.parquet").set_index("pos_encoding")
+    assert list(ppl.index) == ["none", "learned", "rope"]
+    # 20 steps already beat the uniform byte model (perplexity 256)
+    assert (ppl["perplexity"] < 256).all() and ppl["perplexity_4x"].notna().all()
+    layers = pd.read_parquet(out / "layers.parquet")
+    nope_init = layers[(layers["pos_encoding"] == "none") & (layers["state"] == "init")]
+    assert (nope_init["slope"] < -0.3).all()  # random init: variance falls with position
+    assert "does the variance shrinkage survive training" in (out / "summary.md").read_text()
+    assert (out / "variance.png").stat().st_size > 0
+    assert (out / "runs" / "lm-none" / "tokenizer.json").is_file()

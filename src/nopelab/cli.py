@@ -254,7 +254,8 @@ def analyze(
         start = time.perf_counter()
         result = analyze_model(model, cfg.analysis, source=source)
         title = f"trained model {run_dir}" if run_dir else "random-init model"
-        write_analysis(staging, cfg, result, time.perf_counter() - start, title=title)
+        seconds = time.perf_counter() - start
+        write_analysis(staging, cfg, result, seconds, title=title, random_init=run_dir is None)
     typer.echo(f"wrote {out}")
 
 
@@ -495,7 +496,10 @@ def _format_metrics(metrics: dict[str, float]) -> str:
 @app.command()
 def reproduce(
     paper: Annotated[str, typer.Argument(help="chi2023 | zuo2025")],
-    part: Annotated[str | None, typer.Option(help="zuo2025: random-init")] = None,
+    part: Annotated[
+        str | None,
+        typer.Option(help="chi2023: random-init | pretrained; zuo2025: random-init | trained"),
+    ] = None,
     scale: Annotated[
         str, typer.Option(help="smoke | small | paper (paper: full sizes, GPU advised)")
     ] = "small",

@@ -188,3 +188,28 @@ def training_curves(metrics: pd.DataFrame, evals: pd.DataFrame, path: Path) -> N
     for ax in axes[0]:
         ax.grid(alpha=0.3, which="both")
     _save(fig, path)
+
+
+def trained_scores(scores: pd.DataFrame, path: Path) -> None:
+    """Adjacency score per layer, a panel per task, a colour per encoding; init dashed."""
+    tasks = list(dict.fromkeys(scores["task"]))
+    fig, axes = plt.subplots(
+        1, len(tasks), figsize=(3.6 * len(tasks), 3.4), squeeze=False, sharey=True,
+        layout="constrained",
+    )  # fmt: skip
+    for ax, task in zip(axes[0], tasks, strict=True):
+        subset = scores[scores["task"] == task]
+        for colour, (pe, group) in enumerate(subset.groupby("pos_encoding", sort=False)):
+            for state, style in (("init", "--"), ("trained", "-")):
+                rows = group[group["state"] == state]
+                ax.errorbar(
+                    rows["layer"], rows["adjacency_mean"], yerr=rows["adjacency_std"],
+                    ls=style, color=f"C{colour}", marker="o", ms=3, capsize=2,
+                    label=f"{pe} {state}",
+                )  # fmt: skip
+        ax.axhline(0.5, color="grey", ls=":", lw=1)
+        ax.set(title=task, xlabel="layer", ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("adjacency score (attn_out)")
+    axes[0][0].legend(fontsize=7)
+    _save(fig, path)

@@ -154,8 +154,12 @@ def write_analysis(
     seconds: float,
     title: str = "",
     figures: bool = True,
+    random_init: bool = True,
 ) -> dict:
-    """Write every file of a run directory into ``out`` (figures optional); return the summary."""
+    """Write every file of a run directory into ``out`` (figures optional); return the summary.
+
+    ``random_init=False`` (a trained model) leaves out the random-init theory curve.
+    """
     rows = summary_rows(result)
     summary = {"rows": rows, "seconds": seconds, "device": str(resolve_device(cfg.analysis.device))}
     write_json(out / "config.json", {**cfg.to_dict(), "environment": environment()})
@@ -173,7 +177,8 @@ def write_analysis(
     )
     frame = pd.DataFrame(rows)
     if figures:
-        plots.variance_by_position(positions, out / "variance.png", first_layer_theory(cfg), title)
+        theory_curve = first_layer_theory(cfg) if random_init else None
+        plots.variance_by_position(positions, out / "variance.png", theory_curve, title)
         plots.cosine_by_distance(distance, out / "distance.png", title)
         for site in dict.fromkeys(site for site, _ in result.sites):
             matrices = {

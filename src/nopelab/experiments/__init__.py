@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nopelab.experiments import chi2023, zuo2025
+from nopelab.experiments import chi2023, chi2023_pretrained, zuo2025, zuo2025_trained
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,18 @@ class Experiment:
 
 
 EXPERIMENTS = {
-    "chi2023": Experiment({"random-init": Part(chi2023.settings, chi2023.run)}, "random-init"),
-    "zuo2025": Experiment({"random-init": Part(zuo2025.settings, zuo2025.run)}, "random-init"),
+    "chi2023": Experiment(
+        {
+            "random-init": Part(chi2023.settings, chi2023.run),
+            "pretrained": Part(chi2023_pretrained.settings, chi2023_pretrained.run),
+        },
+        "random-init",
+    ),
+    "zuo2025": Experiment(
+        {
+            "random-init": Part(zuo2025.settings, zuo2025.run),
+            "trained": Part(zuo2025_trained.settings, zuo2025_trained.run),
+        },
+        "random-init",
+    ),
 }

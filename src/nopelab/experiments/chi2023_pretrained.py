@@ -1,0 +1,177 @@
+"""Chi et al. 2023, pretrained: does the variance shrinkage survive language-model training?
+
+A NoPE language model is trained on the embedded corpus (World English Bible, byte-level), next
+to a learned-PE and a RoPE model trained the same way. Each is analysed at init and after
+training on the same held-out text windows: per-layer variance against position, and
+perplexity at the training length, 2x and 4x it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from nopelab import plots
+from nopelab.analysis import resolve_device
+from nopelab.config import AnalysisConfig, CorpusConfig, ModelConfig, TrainConfig
+from nopelab.experiments.trained import Trained, train_and_analyze
+from nopelab.report import markdown_table, positions_table
+from nopelab.rundir import write_json
+from nopelab.train import TrainRun
+
+POS_ENCODINGS = ("none", "learned", "rope")
+SCALES = {
+    "smoke": dict(
+        model=dict(d_model=32, n_layers=2, n_heads=2),
+        train=dict(steps=20, batch_size=8, seq_len=32, lr=3e-3, warmup=2, eval_tokens=2048),
+        samples=8,
+    ),
+    "small": dict(
+        model=dict(d_model=192, n_layers=6, n_heads=6),
+        train=dict(steps=800, batch_size=32, seq_len=128, lr=2e-3, warmup=80, eval_tokens=65536),
+        samples=64,
+    ),
+    "paper": dict(  # GPT-2-small shape; the paper's model was larger and saw far more text
+        model=dict(d_model=768, n_layers=12, n_heads=12),
+        train=dict(
+            steps=10_000, batch_size=64, seq_len=512, lr=6e-4, warmup=500, eval_tokens=262_144
+        ),
+        samples=256,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    runs: dict[str, TrainRun]  # pos_encoding -> run
+    analysis: AnalysisConfig
+
+
+def settings(scale: str, seed: int, device: str) -> Settings:
+    s = SCALES[scale]
+    resolve_device(device)
+    seq_len = s["train"]["seq_len"]
+    train_cfg = TrainConfig(
+        **s["train"],
+        eval_every=max(1, s["train"]["steps"] // 4),
+        checkpoint_every=s["train"]["steps"],
+        seed=seed,
+        device=device,
+    )
+    runs = {
+        pe: TrainRun(
+            # the table reaches 4x the training length so every model is evaluated there too;
+            # learned positions beyond the training length are never trained
+            model=ModelConfig(
+                **s["model"], vocab_size=256, max_seq_len=4 * seq_len, pos_encoding=pe
+            ),
+            train=train_cfg,
+            corpus=CorpusConfig(source="default", tokenizer="byte"),
+        )
+        for pe in POS_ENCODINGS
+    }
+    analysis = AnalysisConfig(
+        seq_len=seq_len,
+        samples=s["samples"],
+        batch_size=min(s["samples"], 16),
+        input="data",
+        attn_entropy=True,
+        seed=seed,
+        device=device,
+    )
+    return Settings(runs, analysis)
+
+
+def _layer_ratios(pe: str, result: Trained) -> list[dict]:
+    rows = []
+    for state, capture in (("init", result.init), ("trained", result.trained)):
+        for (site, layer), stats in capture.sites.items():
+            if site == "attn_out":
+                rows.append(
+                    {
+                        "pos_encoding": pe,
+                        "state": state,
+                        "layer": layer,
+                        "first_over_last": float(stats.variance[0] / stats.variance[-1]),
+                        "slope": _loglog_slope(stats.variance),
+                        "norm_score": stats.norm_score.mean,
+                        "adjacency": stats.adjacency.mean,
+                    }
+                )
+    return rows
+
+
+def _loglog_slope(variance: np.ndarray) -> float:
+    """Least-squares slope of log variance against log position (-1 for a 1/m law)."""
+    m = np.arange(1, len(variance) + 1)
+    return float(np.polyfit(np.log(m), np.log(np.maximum(variance, 1e-30)), 1)[0])
+
+
+def run(settings: Settings, out: Path) -> None:
+    ratios, perplexity, positions = [], [], []
+    for pe, train_run in settings.runs.items():
+        result = train_and_analyze(f"lm-{pe}", train_run, settings.analysis, out)
+        ratios += _layer_ratios(pe, result)
+        final = result.summary["final_eval"]
+        perplexity.append(
+            {
+                "pos_encoding": pe,
+                "perplexity": final.get("perplexity"),
+                "perplexity_2x": final.get("perplexity_2x"),
+                "perplexity_4x": final.get("perplexity_4x"),
+                "tokens_per_second": result.summary["tokens_per_second"],
+            }
+        )
+        if pe == "none":
+            for state, capture in (("init", result.init), ("trained", result.trained)):
+                table = positions_table(capture)
+                table = table[table["site"] == "attn_out"].assign(site=f"NoPE attn_out, {state}")
+                positions.append(table)
+
+    layers = pd.DataFrame(ratios)
+    layers.to_parquet(out / "layers.parquet", index=False)
+    ppl = pd.DataFrame(perplexity)
+    ppl.to_parquet(out / "perplexity.parquet", index=False)
+    write_json(out / "summary.json", {"perplexity": perplexity, "layers": ratios})
+    plots.variance_by_position(
+        pd.concat(positions), out / "variance.png", title="Variance of attn_out against position"
+    )
+    nope = layers[layers["pos_encoding"] == "none"].pivot(
+        index="layer", columns="state", values=["first_over_last", "slope"]
+    )
+    nope.columns = [f"{stat} ({state})" for stat, state in nope.columns]
+    first = settings.runs["none"]
+    m, t, a = first.model, first.train, settings.analysis
+    (out / "summary.md").write_text(
+        f"""# Chi et al. 2023 — does the variance shrinkage survive training?
+
+Language models on the embedded corpus (World English Bible, byte-level, vocabulary 256):
+pre-LN, d = {m.d_model}, {m.n_heads} heads, {m.n_layers} layers; {t.steps} steps of batch
+{t.batch_size} x {t.seq_len} bytes, AdamW lr {t.lr:g} (warm-up {t.warmup}, cosine decay); seed
+{t.seed}. Analysis: {a.samples} held-out windows of {a.seq_len} bytes, the same for init and
+trained weights.
+
+## Held-out perplexity (per byte) at the training length, 2x and 4x it
+
+The learned table holds 4x the training length; its rows beyond the training length are never
+trained, which is what the 2x and 4x columns show.
+
+{markdown_table(ppl, ".3f")}
+
+## NoPE: attention-output variance against position, per layer
+
+`first_over_last` is Var(attn_out) at position 1 over position {a.seq_len} (a 1/m law gives
+{a.seq_len}); `slope` is the log-log slope of variance against position (-1 for 1/m).
+
+{markdown_table(nope.reset_index(), ".3g")}
+
+All encodings and both states (also the norm score, the variance signal as an order score, and
+the adjacency score): `layers.parquet`.
+
+Figures: `variance.png` (NoPE `attn_out`, init and trained). Every run, with metrics, checkpoint
+and both analyses (all sites, attention entropy), is under `runs/lm-ENCODING/`.
+"""
+    )
