@@ -12,7 +12,9 @@ Training step: forward, cross-entropy over all B x T positions, backward, gradie
 to 1.0, AdamW step (lr 3e-4, weight decay 0.1, betas (0.9, 0.99)), ``zero_grad(set_to_none=True)``.
 After ``--warmup`` untimed steps, ``--steps`` steps are timed one by one; the table reports the
 median step time (and the MFU of the best step, as a measure of what the machine can do when
-nothing else runs on it).
+nothing else runs on it). The rows labelled ``nopelab.train`` time the same model and batch
+sizes through the real trainer (packed ``add`` lines, loss on answer tokens, logging), from
+the per-step times in its ``metrics.csv``; ``--no-trainer`` skips them.
 
 Peak: best-of-``--repeats`` GFLOP/s of fp32 ``torch.mm`` on square matrices (1024, 2048) and on
 the model's own training shapes (B*T = 2048 rows against the qkv, MLP and LM-head weights), all
@@ -53,17 +55,22 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nopelab.config import ModelConfig
+from nopelab.config import ModelConfig, TrainConfig
 from nopelab.model import Transformer
+from nopelab.tasks import TaskConfig
+from nopelab.train import TrainRun, train
 
 R = TypeVar("R")
 
@@ -248,6 +255,29 @@ def time_training(
     return Timing(batch, statistics.median(times), min(times), others), flops
 
 
+def time_trainer(batch: int, seq_len: int, steps: int, warmup: int, seed: int) -> Timing:
+    """The same model through ``nopelab.train`` itself (packed ``add`` lines, loss on answers,
+    clipping, fused AdamW, logging): per-step times from its ``metrics.csv``."""
+    run = TrainRun(
+        model=ModelConfig(max_seq_len=seq_len),
+        train=TrainConfig(
+            steps=warmup + steps,
+            batch_size=batch,
+            seq_len=seq_len,
+            eval_every=10**9,
+            checkpoint_every=10**9,
+            device="cpu",
+            seed=seed,
+        ),
+        task=TaskConfig(name="add", train_size=2000, test_size=20),
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        _, others = others_during(lambda: train(run, Path(folder) / "run", progress=False))
+        per_second = pd.read_csv(Path(folder) / "run" / "metrics.csv")["tokens_per_second"]
+    times = [batch * seq_len / v for v in per_second.iloc[warmup:]]
+    return Timing(batch, statistics.median(times), min(times), others)
+
+
 def profile_step(batch: int, seq_len: int, seed: int, impl: str, rows: int) -> None:
     """Print the torch.profiler op breakdown (self CPU time) of one eager training step."""
     from torch.profiler import ProfilerActivity, profile
@@ -301,6 +331,9 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument(
+        "--no-trainer", action="store_true", help="skip the rows timed through nopelab.train"
+    )
+    parser.add_argument(
         "--profile",
         type=int,
         default=0,
@@ -333,6 +366,11 @@ def main() -> None:
             batch, args.seq_len, steps, warmup, args.seed, args.adamw, args.compile
         )
         rows.append(timing)
+    trainer_rows = (
+        []
+        if args.no_trainer
+        else [time_trainer(batch, args.seq_len, steps, warmup, args.seed) for batch in batch_sizes]
+    )
 
     after, others_after = others_during(lambda: matmul_gflops(shapes, args.repeats))
     print(f"\nfp32 torch.mm, best of {args.repeats}, before / after the training runs (GFLOP/s):")
@@ -355,16 +393,12 @@ def main() -> None:
         f"{'batch':>5s} {'tokens/s':>9s} {'step ms':>9s} {'GFLOP/s':>8s} {'MFU':>6s} "
         f"{'best MFU':>9s} {'others':>7s}"
     )
-    for t in rows:
-        tokens = t.batch * args.seq_len
-        achieved = tokens * flops.per_token / t.median / 1e9
-        best = tokens * flops.per_token / t.best / 1e9
-        print(
-            f"{t.batch:5d} {tokens / t.median:9.0f} {t.median * 1e3:9.1f} {achieved:8.1f} "
-            f"{achieved / peak:6.1%} {best / peak:9.1%} "
-            + ("    n/a" if t.others is None else f"{t.others:7.2f}")
-        )
-    busy = [t for t in rows if t.others is not None and t.others > 0.1]
+    for label, timings in (("bare step", rows), ("nopelab.train", trainer_rows)):
+        if timings:
+            print(label)
+        for t in timings:
+            print_row(t, args.seq_len, flops.per_token, peak)
+    busy = [t for t in rows + trainer_rows if t.others is not None and t.others > 0.1]
     if busy:
         print(
             "'others': CPU cores that other processes used while that row was timed; "
@@ -373,6 +407,17 @@ def main() -> None:
 
     if args.profile:
         profile_step(args.profile, args.seq_len, args.seed, args.adamw, rows=20)
+
+
+def print_row(t: Timing, seq_len: int, per_token: int, peak: float) -> None:
+    tokens = t.batch * seq_len
+    achieved = tokens * per_token / t.median / 1e9
+    best = tokens * per_token / t.best / 1e9
+    print(
+        f"{t.batch:5d} {tokens / t.median:9.0f} {t.median * 1e3:9.1f} {achieved:8.1f} "
+        f"{achieved / peak:6.1%} {best / peak:9.1%} "
+        + ("    n/a" if t.others is None else f"{t.others:7.2f}")
+    )
 
 
 if __name__ == "__main__":
