@@ -242,7 +242,7 @@ def test_drawing_gives_up_instead_of_looping_forever(monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"name": "sort"}, "name"),
+        ({"name": "sort"}, "task"),
         ({"min_len": 3, "max_len": 2}, "min_len"),
         ({"min_len": 4}, "min_len"),  # above the default max_len of add
         ({"test_min_len": 9}, "test_min_len"),

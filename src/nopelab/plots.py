@@ -209,6 +209,7 @@ def trained_scores(scores: pd.DataFrame, path: Path) -> None:
                 )  # fmt: skip
         ax.axhline(0.5, color="grey", ls=":", lw=1)
         ax.set(title=task, xlabel="layer", ylim=(0, 1.02))
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("adjacency score (attn_out)")
     axes[0][0].legend(fontsize=7)

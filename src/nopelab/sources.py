@@ -23,6 +23,7 @@ from nopelab.errors import ConfigError
 from nopelab.tokenizer import Tokenizer, get_tokenizer, tokenizer_from_json
 
 IGNORE = -100
+EVAL_BATCH = 16  # held-out windows per forward pass
 Autocast = Callable[[], object]  # a fresh autocast context for each forward pass
 
 
@@ -162,9 +163,13 @@ class TextSource:
             if (self.max_len and length > self.max_len) or len(self.stream.val) < length + 1:
                 continue
             windows = max(1, self.eval_tokens // length)
+            pairs = list(self.stream.eval_windows("val", length, windows))
             total, count = 0.0, 0
-            for x, y in self.stream.eval_windows("val", length, windows):
-                loss, n = token_loss(model, x[None].to(device), y[None].to(device), autocast)
+            for start in range(0, len(pairs), EVAL_BATCH):
+                x, y = (
+                    torch.stack(t) for t in zip(*pairs[start : start + EVAL_BATCH], strict=True)
+                )
+                loss, n = token_loss(model, x.to(device), y.to(device), autocast)
                 total, count = total + loss, count + n
             suffix = "" if factor == 1 else f"_{factor}x"
             metrics[f"loss{suffix}"] = total / count

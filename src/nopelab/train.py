@@ -305,6 +305,7 @@ def train(
     train_seconds, tokens = float(state["train_seconds"]), 0
     segment_seconds = 0.0
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    final_eval: dict[str, float] = {}
     with progress_bar(transient=False) as bar:
         task = bar.add_task(
             "train", total=cfg.steps, completed=start, visible=progress and main_process
@@ -318,24 +319,9 @@ def train(
             n_targets = int((targets != IGNORE).sum())
             idx, targets = idx[rows].to(device), targets[rows].to(device)
             torch.manual_seed(step_seed(cfg.seed, step) + 1)  # dropout
-            with autocast():
-                logits = train_model(idx)
-            loss_sum = F.cross_entropy(
-                logits.flatten(0, 1).float(),
-                targets.flatten(),
-                ignore_index=IGNORE,
-                reduction="sum",
+            loss, grad_norm = _update(
+                train_model, optimizer, idx, targets, n_targets, cfg, autocast
             )
-            # DDP averages gradients over processes; this scaling makes that the global mean.
-            (loss_sum * world_size() / max(n_targets, 1)).backward()
-            max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-            grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), max_norm))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum = loss_sum.detach()
-            if dist.is_initialized():
-                dist.all_reduce(loss_sum)
-            loss = float(loss_sum) / max(n_targets, 1)
             seconds = time.perf_counter() - tick
             segment_seconds += seconds
             tokens += idx.numel() * world_size()
@@ -373,9 +359,12 @@ def train(
                 _barrier()
     if end < cfg.steps:
         return None
+    if main_process and not final_eval:  # resumed from a final checkpoint without a summary
+        model.eval()
+        final_eval = source.evaluate(model, cfg.seq_len, True, device, autocast)
     summary = {
         "steps": cfg.steps,
-        "final_eval": final_eval if main_process else {},
+        "final_eval": final_eval,
         "tokens_per_second": tokens / segment_seconds if segment_seconds else float("nan"),
         "train_seconds": train_seconds + segment_seconds,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -390,6 +379,37 @@ def train(
     if dist.is_initialized():
         dist.destroy_process_group()
     return summary
+
+
+def _update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    idx: torch.Tensor,
+    targets: torch.Tensor,
+    n_targets: int,
+    cfg: TrainConfig,
+    autocast: Any,
+) -> tuple[float, float]:
+    """One optimiser step on this process's rows; returns the global mean loss and grad norm.
+
+    ``n_targets`` counts the target tokens of the whole global batch. DDP averages gradients
+    over processes, so scaling each process's summed loss by world_size / n_targets makes the
+    update that of the global mean loss.
+    """
+    with autocast():
+        logits = model(idx)
+    loss_sum = F.cross_entropy(
+        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum"
+    )
+    (loss_sum * world_size() / max(n_targets, 1)).backward()
+    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+    grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = loss_sum.detach()
+    if dist.is_initialized():
+        dist.all_reduce(loss_sum)
+    return float(loss_sum) / max(n_targets, 1), grad_norm
 
 
 def run_source_batch(
