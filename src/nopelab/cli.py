@@ -73,14 +73,16 @@ MaxSeqLen = Annotated[
 ]
 Bidirectional = Annotated[
     bool | None,
-    typer.Option("--bidirectional/--causal", help="Attention mask [causal]", rich_help_panel=MODEL),
+    typer.Option(
+        "--bidirectional/--causal", help="Attention mask \\[causal]", rich_help_panel=MODEL
+    ),
 ]
 Norm = Annotated[str | None, typer.Option(help="layernorm | rmsnorm", rich_help_panel=MODEL)]
 NormPosition = Annotated[str | None, typer.Option(help="pre | post", rich_help_panel=MODEL)]
 Bias = Annotated[
     bool | None,
     typer.Option(
-        "--bias/--no-bias", help="Biases in linear layers and norms [no]", rich_help_panel=MODEL
+        "--bias/--no-bias", help="Biases in linear layers and norms \\[no]", rich_help_panel=MODEL
     ),
 ]
 Init = Annotated[
@@ -100,7 +102,7 @@ Dropout = Annotated[
     float | None, typer.Option(help="Dropout probability [0]", rich_help_panel=MODEL)
 ]
 Out = Annotated[
-    Path | None, typer.Option(help="Run directory [runs/NAME-TIMESTAMP]", rich_help_panel=OUTPUT)
+    Path | None, typer.Option(help="Run directory \\[runs/NAME-TIMESTAMP]", rich_help_panel=OUTPUT)
 ]
 Force = Annotated[bool, typer.Option(help="Replace a non-empty --out", rich_help_panel=OUTPUT)]
 
@@ -156,14 +158,14 @@ def analyze(
         str | None,
         typer.Option(
             help="random (N(0,1) vectors) | tokens (uniform ids) | data (a run's held-out task "
-            "lines or text) [random; data for a run directory]",
+            "lines or text) \\[random; data for a run directory]",
             rich_help_panel=ANALYSIS,
         ),
     ] = None,
     sites: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated: embed,attn_out,resid_mid,mlp_out,resid_post [all]",
+            help="Comma-separated: embed,attn_out,resid_mid,mlp_out,resid_post \\[all]",
             rich_help_panel=ANALYSIS,
         ),
     ] = None,
@@ -171,7 +173,7 @@ def analyze(
         bool | None,
         typer.Option(
             "--attn-entropy/--no-attn-entropy",
-            help="Also record attention entropy and logit spread [no]",
+            help="Also record attention entropy and logit spread \\[no]",
             rich_help_panel=ANALYSIS,
         ),
     ] = None,
@@ -182,7 +184,7 @@ def analyze(
         int | None, typer.Option(help="Seed for weights and inputs [0]", rich_help_panel=ANALYSIS)
     ] = None,
     device: Annotated[
-        str | None, typer.Option(help="auto | cpu | cuda[:N] [auto]", rich_help_panel=ANALYSIS)
+        str | None, typer.Option(help="auto | cpu | cuda[:N] \\[auto]", rich_help_panel=ANALYSIS)
     ] = None,
     out: Out = None,
     force: Force = False,
@@ -267,11 +269,11 @@ def train(
     ] = None,
     min_len: Annotated[
         int | None,
-        typer.Option(help="Shortest training operand [task default]", rich_help_panel=DATA),
+        typer.Option(help="Shortest training operand \\[task default]", rich_help_panel=DATA),
     ] = None,
     max_len: Annotated[
         int | None,
-        typer.Option(help="Longest training operand [task default]", rich_help_panel=DATA),
+        typer.Option(help="Longest training operand \\[task default]", rich_help_panel=DATA),
     ] = None,
     test_min_len: Annotated[
         int | None, typer.Option(help="Shortest test operand [= --min-len]", rich_help_panel=DATA)
@@ -283,7 +285,7 @@ def train(
         bool | None,
         typer.Option(
             "--reversed-answer/--plain-answer",
-            help="add: sum written backwards [plain]",
+            help="add: sum written backwards \\[plain]",
             rich_help_panel=DATA,
         ),
     ] = None,
@@ -302,10 +304,10 @@ def train(
     ] = None,
     column: Annotated[
         str | None,
-        typer.Option(help="Text column of .jsonl/.parquet/hf [text]", rich_help_panel=DATA),
+        typer.Option(help="Text column of .jsonl/.parquet/hf \\[text]", rich_help_panel=DATA),
     ] = None,
     tokenizer: Annotated[
-        str | None, typer.Option(help="byte | bpe [byte]", rich_help_panel=DATA)
+        str | None, typer.Option(help="byte | bpe \\[byte]", rich_help_panel=DATA)
     ] = None,
     bpe_vocab: Annotated[
         int | None, typer.Option(help="BPE vocabulary size [4096]", rich_help_panel=DATA)
@@ -356,7 +358,9 @@ def train(
     compile: Annotated[
         bool | None,
         typer.Option(
-            "--compile/--no-compile", help="torch.compile the model [no]", rich_help_panel=TRAINING
+            "--compile/--no-compile",
+            help="torch.compile the model \\[no]",
+            rich_help_panel=TRAINING,
         ),
     ] = None,
     precision: Annotated[
@@ -370,7 +374,7 @@ def train(
         typer.Option(help="Seed for data, weights and dropout [0]", rich_help_panel=TRAINING),
     ] = None,
     device: Annotated[
-        str | None, typer.Option(help="auto | cpu | cuda[:N] [auto]", rich_help_panel=TRAINING)
+        str | None, typer.Option(help="auto | cpu | cuda[:N] \\[auto]", rich_help_panel=TRAINING)
     ] = None,
     out: Out = None,
     resume: Annotated[
@@ -382,7 +386,7 @@ def train(
     """Train a model on a synthetic task (--task) or on text (--corpus); torchrun runs it data-parallel."""
     from nopelab.config import read_config_file
     from nopelab.tasks import VOCAB
-    from nopelab.train import read_run
+    from nopelab.train import TrainRun, read_run
     from nopelab.train import train as run_training
 
     if resume and force:
@@ -457,8 +461,6 @@ def train(
             "device": device,
         },
     )
-    from nopelab.train import TrainRun
-
     run = TrainRun.from_dict(data)
     out = out or default_out_for_train(run)
     try:
@@ -506,7 +508,7 @@ def reproduce(
     seed: Annotated[int, typer.Option(help="Seed for weights and inputs")] = 0,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda[:N]")] = "auto",
     out: Annotated[
-        Path | None, typer.Option(help="Run directory [runs/PAPER-SCALE-TIMESTAMP]")
+        Path | None, typer.Option(help="Run directory \\[runs/PAPER-SCALE-TIMESTAMP]")
     ] = None,
     force: Annotated[bool, typer.Option(help="Replace a non-empty --out")] = False,
 ) -> None:

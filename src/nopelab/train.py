@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -43,6 +44,7 @@ from nopelab.checkpoint import STATE_FILE, load_checkpoint, read_state, save_che
 from nopelab.config import CorpusConfig, ModelConfig, TrainConfig, build
 from nopelab.errors import ConfigError, UserError
 from nopelab.model import Transformer
+from nopelab.plots import training_curves
 from nopelab.rundir import write_json
 from nopelab.sources import IGNORE, Source, TaskSource, TextSource, load_tokenizer
 from nopelab.tasks import TaskConfig
@@ -97,8 +99,6 @@ class TrainRun:
 
 def read_run(out: Path) -> TrainRun:
     """The configuration of a training run directory."""
-    import json
-
     path = out / CONFIG_FILE
     if not path.is_file():
         raise UserError(f"run: {out} has no {CONFIG_FILE}; is it a training run directory?")
@@ -372,8 +372,6 @@ def train(
         "device": str(device),
     }
     if main_process:
-        from nopelab.plots import training_curves
-
         training_curves(metrics.read(), evals.read(), out / "training.png")
         write_json(out / "summary.json", summary)
     if dist.is_initialized():
