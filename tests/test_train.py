@@ -410,3 +410,21 @@ def test_resume_from_the_command_line(tmp_path: Path, capsys, monkeypatch) -> No
     train(run, out, progress=False, stop_after=3)
     assert run_cli(["train", "--resume", "--out", str(out), "--lr", "0.1"], monkeypatch) == 2
     assert "train.lr is 0.1 but the run was started with 0.003" in capsys.readouterr().err
+
+
+def test_train_from_a_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "train.toml"
+    config.write_text(
+        "[model]\nd_model = 32\nn_layers = 1\nn_heads = 2\n"
+        '[train]\nsteps = 2\nbatch_size = 4\nseq_len = 32\neval_every = 2\ndevice = "cpu"\n'
+        '[task]\nname = "reverse"\nmax_len = 6\ntrain_size = 500\ntest_size = 20\n'
+    )
+    out = tmp_path / "run"
+    assert (
+        run_cli(["train", "--config", str(config), "--lr", "0.01", "--out", str(out)], monkeypatch)
+        == 0
+    )
+    stored = json.loads((out / "config.json").read_text())
+    assert stored["task"]["name"] == "reverse" and stored["task"]["max_len"] == 6
+    assert stored["train"]["lr"] == 0.01 and stored["model"]["n_layers"] == 1
+    assert stored["model"]["vocab_size"] == 96
