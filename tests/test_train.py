@@ -428,3 +428,23 @@ def test_train_from_a_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert stored["task"]["name"] == "reverse" and stored["task"]["max_len"] == 6
     assert stored["train"]["lr"] == 0.01 and stored["model"]["n_layers"] == 1
     assert stored["model"]["vocab_size"] == 96
+
+
+def test_bpe_is_cached_next_to_a_local_corpus(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    words = ["".join(rng.choice(letters, rng.integers(2, 7))) for _ in range(400)]
+    corpus = tmp_path / "data" / "corpus.txt"
+    corpus.parent.mkdir()
+    corpus.write_text(" ".join(rng.choice(words, 20000)))
+    run = TrainRun(
+        model=ModelConfig(d_model=32, n_layers=1, n_heads=2, vocab_size=300),
+        train=TrainConfig(
+            steps=1, batch_size=2, seq_len=16, eval_every=1, eval_tokens=64, device="cpu"
+        ),
+        corpus=CorpusConfig(source=str(corpus), tokenizer="bpe", bpe_vocab=300),
+    )
+    train(run, tmp_path / "run", progress=False)
+    cached = list((tmp_path / "data" / ".nopelab" / "tokenizers").glob("bpe-300-*.json"))
+    assert len(cached) == 1
+    assert cached[0].read_text() == (tmp_path / "run" / "tokenizer.json").read_text()

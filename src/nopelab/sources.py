@@ -8,6 +8,7 @@ its own evaluation: exact-match accuracy for a task, loss and perplexity for tex
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -114,7 +115,9 @@ class TextSource:
     def __init__(self, cfg: CorpusConfig, eval_tokens: int, tokenizer: Tokenizer | None = None):
         self.cfg = cfg
         text = load_text(cfg.source, cfg.column)
-        self.tokenizer = tokenizer or get_tokenizer(cfg.tokenizer, text, cfg.bpe_vocab)
+        self.tokenizer = tokenizer or get_tokenizer(
+            cfg.tokenizer, text, cfg.bpe_vocab, bpe_cache_dir(cfg.source)
+        )
         self.vocab_size = self.tokenizer.vocab_size
         self.stream = TokenStream(*split_ids(self.tokenizer.encode(text), cfg.val_fraction))
         self.eval_tokens = eval_tokens
@@ -178,6 +181,16 @@ class TextSource:
 
     def save_tokenizer(self, out: Path) -> None:
         (out / "tokenizer.json").write_text(self.tokenizer.to_json())
+
+
+def bpe_cache_dir(source: str) -> Path | None:
+    """Where a BPE trained on ``source`` is cached: ``.nopelab/`` next to a local corpus when
+    that folder is writable, else (and for the default and Hugging Face corpora) the user cache."""
+    if source == "default" or source.startswith("hf:"):
+        return None
+    path = Path(source).expanduser()
+    folder = path if path.is_dir() else path.parent
+    return folder / ".nopelab" if os.access(folder, os.W_OK) else None
 
 
 def load_tokenizer(out: Path) -> Tokenizer | None:
