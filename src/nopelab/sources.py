@@ -23,7 +23,7 @@ from nopelab.corpus import TokenStream, load_text, split_ids
 from nopelab.errors import ConfigError
 from nopelab.tokenizer import Tokenizer, get_tokenizer, tokenizer_from_json
 
-IGNORE = -100
+IGNORE = tasks.IGNORE  # targets without loss
 EVAL_BATCH = 16  # held-out windows per forward pass
 Autocast = Callable[[], object]  # a fresh autocast context for each forward pass
 
