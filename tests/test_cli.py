@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nopelab.cli import main
+from conftest import run_cli
 
 TINY = [
     "--layers",
@@ -29,15 +29,6 @@ TINY = [
     "--device",
     "cpu",
 ]
-
-
-def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(sys, "argv", ["nopelab", *args])
-    try:
-        main()
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
 
 
 def test_analyze_writes_a_complete_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

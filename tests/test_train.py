@@ -17,12 +17,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import run_cli
 from nopelab.checkpoint import (
     CheckpointError,
     load_checkpoint,
     save_checkpoint,
 )
-from nopelab.cli import main
 from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
 from nopelab.errors import UserError
 from nopelab.model import Transformer
@@ -39,15 +39,6 @@ def tiny_run(**train: object) -> TrainRun:
     )
     settings.update(train)
     return TrainRun(model=TINY_MODEL, train=TrainConfig(device="cpu", **settings), task=COPY)
-
-
-def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(sys, "argv", ["nopelab", *args])
-    try:
-        main()
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
 
 
 # ------------------------------------------------------------------------ schedule

@@ -107,8 +107,15 @@ Out = Annotated[
 Force = Annotated[bool, typer.Option(help="Replace a non-empty --out", rich_help_panel=OUTPUT)]
 
 
-def _model_flags(**flags: Any) -> dict[str, Any]:
-    """Model flags under their config names; ``nope_layers`` parsed."""
+MODEL_FLAGS = (
+    "pos_encoding", "nope_layers", "layers", "heads", "d_model", "vocab_size", "max_seq_len",
+    "bidirectional", "norm", "norm_position", "bias", "init", "init_std", "dropout",
+)  # fmt: skip
+
+
+def _model_flags(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The model flags among a command's ``arguments``, under their config names."""
+    flags = {name: arguments[name] for name in MODEL_FLAGS if name in arguments}
     flags["nope_layers"] = _ints(flags["nope_layers"], "--nope-layers")
     flags["n_layers"], flags["n_heads"] = flags.pop("layers"), flags.pop("heads")
     return flags
@@ -193,27 +200,14 @@ def analyze(
 
     Random-init by default; give a training run directory to analyse its trained checkpoint.
     """
+    arguments = dict(locals())  # the flags as given, before any other name exists
     from nopelab.analysis import analyze_model, build_model, resolve_device
     from nopelab.config import RunConfig, read_config_file
     from nopelab.report import write_analysis
     from nopelab.rundir import default_out, staged_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
-    model_flags = _model_flags(
-        pos_encoding=pos_encoding,
-        nope_layers=nope_layers,
-        layers=layers,
-        heads=heads,
-        d_model=d_model,
-        vocab_size=vocab_size,
-        max_seq_len=max_seq_len,
-        bidirectional=bidirectional,
-        norm=norm,
-        norm_position=norm_position,
-        bias=bias,
-        init=init,
-        init_std=init_std,
-    )
+    model_flags = _model_flags(arguments)
     analysis_flags = {
         "seq_len": seq_len,
         "samples": samples,
@@ -384,6 +378,7 @@ def train(
     force: Force = False,
 ) -> None:
     """Train a model on a synthetic task (--task) or on text (--corpus); torchrun runs it data-parallel."""
+    arguments = dict(locals())  # the flags as given, before any other name exists
     from nopelab.config import read_config_file
     from nopelab.tasks import VOCAB
     from nopelab.train import TrainRun, read_run
@@ -423,22 +418,7 @@ def train(
         )
     if "corpus" in data:
         _merge(data, "corpus", {"column": column, "tokenizer": tokenizer, "bpe_vocab": bpe_vocab})
-    model_flags = _model_flags(
-        pos_encoding=pos_encoding,
-        nope_layers=nope_layers,
-        layers=layers,
-        heads=heads,
-        d_model=d_model,
-        vocab_size=vocab_size,
-        max_seq_len=max_seq_len,
-        bidirectional=bidirectional,
-        norm=norm,
-        norm_position=norm_position,
-        bias=bias,
-        init=init,
-        init_std=init_std,
-        dropout=dropout,
-    )
+    model_flags = _model_flags(arguments)
     if not resume and vocab_size is None and "vocab_size" not in data.get("model", {}):
         model_flags["vocab_size"] = len(VOCAB) if "task" in data else _corpus_vocab(data["corpus"])
     _merge(data, "model", model_flags)
