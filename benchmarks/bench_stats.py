@@ -14,7 +14,6 @@ like with like on whatever machine runs it.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -30,17 +29,7 @@ from nopelab.metrics import (
     position_variance,
 )
 from nopelab.model import Transformer
-
-
-def best_of(fn: Callable[[], object], repeats: int) -> float:
-    """Minimum wall time over ``repeats`` calls, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+from timing import best_of
 
 
 @torch.inference_mode()

@@ -71,19 +71,9 @@ from nopelab.config import ModelConfig, TrainConfig
 from nopelab.model import Transformer
 from nopelab.tasks import TaskConfig
 from nopelab.train import TrainRun, train
+from timing import best_of
 
 R = TypeVar("R")
-
-
-def best_of(fn: Callable[[], object], repeats: int) -> float:
-    """Minimum wall time over ``repeats`` calls, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 # ------------------------------------------------------------------------ matmul peak
