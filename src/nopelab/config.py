@@ -318,3 +318,67 @@ class CorpusConfig:
 def _check_device(device: str) -> None:
     if device != "auto" and not device.startswith(("cpu", "cuda", "mps")):
         raise ConfigError("device", f"unknown device {device!r}; allowed: auto, cpu, cuda[:N], mps")
+
+
+FEATURES = ("raw", "norm", "variance", "cos_last", "cos_row")
+PROBES = ("linear-cls", "mlp-cls", "linear-reg", "mlp-reg")
+TARGETS = ("position", "distance")
+SPLITS = ("sequences", "vocab")
+
+
+def feature_names(combination: str) -> tuple[str, ...]:
+    """``"norm+cos_last"`` → ``("norm", "cos_last")``, each checked against :data:`FEATURES`."""
+    names = tuple(combination.split("+"))
+    for name in names:
+        _choice("features", name, FEATURES)
+    if len(set(names)) != len(names):
+        raise ConfigError("features", f"{combination!r} names a feature twice")
+    return names
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Which position probes to fit on the collected activations, and how.
+
+    ``features`` holds feature sets, each one feature or a ``+``-joined combination
+    (``"norm+cos_last"``). ``layers`` empty means every layer the chosen sites have.
+    """
+
+    layers: tuple[int, ...] = ()
+    probes: tuple[str, ...] = ("linear-cls", "mlp-reg")
+    features: tuple[str, ...] = ("raw",)
+    target: str = "position"  # absolute position, or distance to the last token
+    split: str = "sequences"  # held-out sequences, or sequences built from held-out tokens
+    seeds: int = 3
+    test_fraction: float = 0.2
+    hidden: int = 64  # MLP probes: one hidden ReLU layer of this width (Zuo et al.: 64)
+    epochs: int = 20
+    batch_size: int = 128
+    lr: float = 1e-3
+    memory_gb: float = 4.0  # activations beyond this are kept in memory-mapped files
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "probes", "features"):
+            object.__setattr__(self, name, _as_tuple(name, getattr(self, name)))
+        _check_types(self)
+        for name in ("seeds", "hidden", "epochs", "batch_size", "lr", "memory_gb"):
+            _positive(name, getattr(self, name))
+        if not 0 < self.test_fraction < 1:
+            raise ConfigError("test_fraction", f"must be in (0, 1), got {self.test_fraction!r}")
+        for layer in self.layers:
+            if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+                raise ConfigError("layers", f"expected layer numbers >= 0, got {layer!r}")
+        if not self.probes:
+            raise ConfigError("probes", f"needs at least one of: {', '.join(PROBES)}")
+        for probe in self.probes:
+            _choice("probes", probe, PROBES)
+        if not self.features:
+            raise ConfigError("features", f"needs at least one of: {', '.join(FEATURES)}")
+        for combination in self.features:
+            if not isinstance(combination, str):
+                raise ConfigError(
+                    "features", f"expected names like norm+cos_last, got {combination!r}"
+                )
+            feature_names(combination)
+        _choice("target", self.target, TARGETS)
+        _choice("split", self.split, SPLITS)

@@ -1,0 +1,257 @@
+"""Position probes: small models that read a token's position from its features.
+
+Four kinds (:data:`~nopelab.config.PROBES`):
+
+- ``linear-cls`` / ``mlp-cls``: classification over the T positions with cross-entropy
+  (Haviv et al.); scored by accuracy and mean absolute distance |target − argmax| (MAD);
+- ``linear-reg``: ridge regression, solved in closed form with the penalty chosen on a
+  validation slice of the training sequences;
+- ``mlp-reg``: a one-hidden-layer ReLU MLP regressing position with MSE (Chi et al., Zuo et al.);
+  scored by mean absolute error (MAE) and Pearson r.
+
+All seeds of a probe train at once as one batched ensemble (``torch.bmm``), each member on its
+own split of sequences. Splits are by whole sequences, so no test token's sequence was seen in
+training. The baseline predicts the middle (the training median), whatever the features.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nopelab.config import ProbeConfig
+from nopelab.errors import UserError
+
+ALPHAS = tuple(10.0**k for k in range(-6, 3))  # ridge penalties, times the number of tokens
+
+
+def position_targets(n_seq: int, seq_len: int, target: str) -> Tensor:
+    """``(N, T)`` int64 targets: 0-based position, or distance to the last token."""
+    positions = torch.arange(seq_len).expand(n_seq, seq_len)
+    return positions if target == "position" else seq_len - 1 - positions
+
+
+@dataclass(frozen=True)
+class Split:
+    """Sequence indices for training and testing one ensemble member."""
+
+    train: Tensor
+    test: Tensor
+
+
+def sequence_splits(n_seq: int, test_fraction: float, seeds: int, seed: int) -> list[Split]:
+    """One random held-out-sequences split per seed; every split has the same sizes."""
+    n_test = max(1, round(n_seq * test_fraction))
+    if n_seq - n_test < 2:
+        raise UserError(
+            f"samples: {n_seq} sequences leave fewer than 2 for training; use more --samples"
+        )
+    splits = []
+    for s in range(seeds):
+        order = torch.randperm(n_seq, generator=torch.Generator().manual_seed(seed + 1000 * s))
+        splits.append(Split(order[n_test:].sort().values, order[:n_test].sort().values))
+    return splits
+
+
+def fixed_splits(train: Tensor, test: Tensor, seeds: int) -> list[Split]:
+    """The same train and test sequences for every seed (e.g. the held-out-vocabulary split)."""
+    return [Split(train, test) for _ in range(seeds)]
+
+
+def fit_probe(
+    kind: str,
+    features: Tensor,
+    targets: Tensor,
+    splits: list[Split],
+    cfg: ProbeConfig,
+    seed: int,
+    device: torch.device | str = "cpu",
+    label: str = "features",
+) -> list[dict[str, float]]:
+    """Fit probe ``kind`` on ``features`` ``(N, T, F)`` for ``targets`` ``(N, T)``, once per
+    split; return each member's test metrics. ``label`` names the features in errors."""
+    N, T, n_feat = features.shape
+    flat, y = features.reshape(N * T, n_feat), targets.reshape(-1)
+    mean, std = _member_moments(features, splits, label)
+    train = torch.stack([_tokens(s.train, T) for s in splits])
+    test = torch.stack([_tokens(s.test, T) for s in splits])
+    if kind == "linear-reg":
+        predict = _ridge(flat, y.double(), mean, std, splits, T, seed)
+    else:
+        classes = T if kind.endswith("cls") else None
+        hidden = cfg.hidden if kind.startswith("mlp") else None
+        predict = _train_ensemble(flat, y, mean, std, train, classes, hidden, cfg, seed, device)
+    predictions = predict(test)  # (E, n_test)
+    results = []
+    for e in range(len(splits)):
+        truth = y[test[e]].double()
+        middle = y[train[e]].double().median()
+        row = {"baseline": float((truth - middle).abs().mean())}
+        pred = predictions[e].double()
+        if kind.endswith("cls"):
+            row["mad"] = float((pred - truth).abs().mean())
+            row["accuracy"] = float((pred == truth).double().mean())
+            row["baseline_accuracy"] = float((truth == middle).double().mean())
+        else:
+            row["mae"] = float((pred - truth).abs().mean())
+            row["r"] = _pearson(pred, truth)
+        results.append(row)
+    return results
+
+
+def summarize(results: list[dict[str, float]]) -> dict[str, float]:
+    """Mean over seeds of every metric, and its standard deviation as ``NAME_std``."""
+    summary: dict[str, float] = {"seeds": len(results)}
+    for name in results[0]:
+        values = np.array([r[name] for r in results], dtype=float)
+        summary[name] = float(values.mean())
+        summary[f"{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    return summary
+
+
+def _tokens(sequences: Tensor, T: int) -> Tensor:
+    return (sequences[:, None] * T + torch.arange(T)).reshape(-1)
+
+
+def _member_moments(features: Tensor, splits: list[Split], label: str) -> tuple[Tensor, Tensor]:
+    """Per member, the mean and std of every feature over its training tokens ``(E, F)``;
+    one pass over the data through per-sequence sums."""
+    sums = torch.zeros(features.shape[0], features.shape[2], dtype=torch.float64)
+    squares = torch.zeros_like(sums)
+    for i in range(0, len(features), 256):
+        chunk = features[i : i + 256].double()
+        sums[i : i + 256], squares[i : i + 256] = chunk.sum(1), chunk.square().sum(1)
+    if not torch.isfinite(sums).all() or not torch.isfinite(squares).all():
+        raise UserError(f"{label}: has NaN or infinite values; nothing to probe")
+    T = features.shape[1]
+    means, stds = [], []
+    for split in splits:
+        n = len(split.train) * T
+        mean = sums[split.train].sum(0) / n
+        var = (squares[split.train].sum(0) / n - mean.square()).clamp_min(0)
+        std = var.sqrt()
+        if not (std > 1e-12 * (mean.abs() + 1)).any():
+            raise UserError(f"{label}: is constant over every token; nothing to probe")
+        means.append(mean)
+        stds.append(torch.where(std > 1e-12 * (mean.abs() + 1), std, torch.ones_like(std)))
+    return torch.stack(means).float(), torch.stack(stds).float()
+
+
+def _pearson(a: Tensor, b: Tensor) -> float:
+    a, b = a - a.mean(), b - b.mean()
+    denominator = a.norm() * b.norm()
+    return float((a * b).sum() / denominator) if denominator > 0 else float("nan")
+
+
+def _ridge(flat, y, mean, std, splits, T, seed):
+    """Closed-form ridge per member; the penalty is picked on 10% of its training sequences."""
+    weights = []
+    for e, split in enumerate(splits):
+        order = split.train[torch.randperm(len(split.train), generator=_gen(seed + e))]
+        n_val = max(1, len(order) // 10)
+        fit_tokens, val_tokens = _tokens(order[n_val:], T), _tokens(order[:n_val], T)
+        X = (flat[fit_tokens].double() - mean[e].double()) / std[e].double()
+        y_mean = y[fit_tokens].mean()
+        gram, rhs = X.T @ X, X.T @ (y[fit_tokens] - y_mean)
+        vals, vecs = torch.linalg.eigh(gram)
+        projected = vecs.T @ rhs
+        X_val = (flat[val_tokens].double() - mean[e].double()) / std[e].double()
+        errors = []
+        for alpha in ALPHAS:
+            w = vecs @ (projected / (vals + alpha * len(fit_tokens)))
+            errors.append(float((X_val @ w + y_mean - y[val_tokens]).abs().mean()))
+        alpha = ALPHAS[int(np.argmin(errors))]
+        X_all = torch.cat([X, X_val])
+        y_all = torch.cat([y[fit_tokens], y[val_tokens]])
+        y_mean = y_all.mean()
+        gram = X_all.T @ X_all + alpha * len(y_all) * torch.eye(X.shape[1], dtype=X.dtype)
+        w = torch.linalg.solve(gram, X_all.T @ (y_all - y_mean))
+        weights.append((w, y_mean))
+
+    def predict(tokens: Tensor) -> Tensor:
+        return torch.stack(
+            [
+                ((flat[tokens[e]].double() - mean[e].double()) / std[e].double()) @ w + b
+                for e, (w, b) in enumerate(weights)
+            ]
+        )
+
+    return predict
+
+
+class Ensemble(nn.Module):
+    """E independent linear or one-hidden-layer ReLU probes, evaluated with batched matmuls."""
+
+    def __init__(self, E: int, n_in: int, n_out: int, hidden: int | None, generator):
+        super().__init__()
+        sizes = [n_in, n_out] if hidden is None else [n_in, hidden, n_out]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for fan_in, fan_out in itertools.pairwise(sizes):
+            bound = 1 / math.sqrt(fan_in)  # nn.Linear's default initialisation
+            w = (torch.rand(E, fan_in, fan_out, generator=generator) * 2 - 1) * bound
+            b = (torch.rand(E, 1, fan_out, generator=generator) * 2 - 1) * bound
+            self.weights.append(nn.Parameter(w))
+            self.biases.append(nn.Parameter(b))
+
+    def forward(self, x: Tensor) -> Tensor:  # (E, B, n_in) -> (E, B, n_out)
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            x = torch.baddbmm(b, x, w)
+            if i < len(self.weights) - 1:
+                x = F.relu(x)
+        return x
+
+
+def _train_ensemble(flat, y, mean, std, train, classes, hidden, cfg, seed, device):
+    """Minibatch AdamW on every member at once; each member shuffles its own tokens."""
+    E, n_train = train.shape
+    generator = _gen(seed)
+    model = Ensemble(E, flat.shape[1], classes or 1, hidden, generator).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    mean, std = mean.to(device)[:, None], std.to(device)[:, None]
+    y_float = y.double()
+    y_mean = torch.stack([y_float[t].mean() for t in train]).float().to(device)[:, None]
+    y_std = (
+        torch.stack([y_float[t].std() for t in train]).float().clamp_min(1e-6).to(device)[:, None]
+    )
+
+    def inputs(tokens: Tensor) -> Tensor:
+        x = flat[tokens.reshape(-1)].float().reshape(*tokens.shape, -1).to(device)
+        return (x - mean) / std
+
+    model.train()
+    for _ in range(cfg.epochs):
+        order = train.gather(1, torch.rand(E, n_train, generator=generator).argsort(dim=1))
+        for start in range(0, n_train, cfg.batch_size):
+            tokens = order[:, start : start + cfg.batch_size]
+            out = model(inputs(tokens))
+            target = y[tokens].to(device)
+            if classes:
+                loss = F.cross_entropy(out.flatten(0, 1), target.flatten(), reduction="sum")
+            else:
+                z = (target.float() - y_mean) / y_std
+                loss = F.mse_loss(out.squeeze(-1), z, reduction="sum")
+            optimizer.zero_grad(set_to_none=True)
+            (loss / tokens.shape[1]).backward()  # each member's own mean loss
+            optimizer.step()
+    model.eval()
+
+    @torch.no_grad()
+    def predict(tokens: Tensor) -> Tensor:
+        outs = []
+        for start in range(0, tokens.shape[1], 4096):
+            out = model(inputs(tokens[:, start : start + 4096]))
+            outs.append(out.argmax(-1) if classes else out.squeeze(-1) * y_std + y_mean)
+        return torch.cat(outs, dim=1).cpu()
+
+    return predict
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
