@@ -382,3 +382,39 @@ class ProbeConfig:
             feature_names(combination)
         _choice("target", self.target, TARGETS)
         _choice("split", self.split, SPLITS)
+
+
+INTERVENTIONS = ("equalize-norm", "shuffle-norm", "leace", "leace-shuffled")
+CONCEPTS = ("onehot", "scalar")
+
+
+@dataclass(frozen=True)
+class InterventionConfig:
+    """Which edits to make to a trained model's activations, and where.
+
+    ``equalize-norm`` rescales every token at the site to one common norm (removes the norm and
+    variance signal, keeps every direction); ``leace`` erases linearly decodable position with
+    LEACE. ``shuffle-norm`` and ``leace-shuffled`` are their controls: the same operation, the
+    same size, fitted on shuffled positions, so it leaves position alone.
+    """
+
+    site: str = "attn_out"
+    layers: tuple[int, ...] = ()  # empty: every layer of the site
+    interventions: tuple[str, ...] = INTERVENTIONS
+    concept: str = "onehot"  # what LEACE erases: one-hot position (all classes) or the scalar
+    fit_samples: int = 64  # sequences to fit the erasers and the common norm on
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "interventions"):
+            object.__setattr__(self, name, _as_tuple(name, getattr(self, name)))
+        _check_types(self)
+        _choice("site", self.site, SITES)
+        _positive("fit_samples", self.fit_samples)
+        for layer in self.layers:
+            if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+                raise ConfigError("layers", f"expected layer numbers >= 0, got {layer!r}")
+        if not self.interventions:
+            raise ConfigError("interventions", f"needs at least one of: {', '.join(INTERVENTIONS)}")
+        for name in self.interventions:
+            _choice("interventions", name, INTERVENTIONS)
+        _choice("concept", self.concept, CONCEPTS)

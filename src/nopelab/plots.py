@@ -214,3 +214,40 @@ def trained_scores(scores: pd.DataFrame, path: Path) -> None:
     axes[0][0].set_ylabel("adjacency score (attn_out)")
     axes[0][0].legend(fontsize=7)
     _save(fig, path)
+
+
+def probe_errors(
+    rows: pd.DataFrame, path: Path, panel: str = "site", line: str = "features", title: str = ""
+) -> None:
+    """Probe error (MAD for classifiers, MAE for regressors; seed mean ± std) against layer.
+
+    One panel per value of ``panel`` and probe kind, one line per value of ``line``; the dashed
+    grey line is the baseline (predicting the middle position). Lower is better.
+    """
+    panels = list(dict.fromkeys(zip(rows[panel], rows["probe"], strict=True)))
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False, layout="constrained"
+    )
+    for ax, (name, probe) in zip(axes[0], panels, strict=True):
+        group = rows[(rows[panel] == name) & (rows["probe"] == probe)]
+        metric = "mad" if probe.endswith("cls") else "mae"
+        for label, lines in group.groupby(line, sort=False):
+            lines = lines.sort_values("layer")
+            ax.errorbar(
+                lines["layer"],
+                lines[metric],
+                yerr=lines[f"{metric}_std"],
+                marker="o",
+                ms=3,
+                capsize=2,
+                label=str(label),
+            )
+        baseline = group.groupby("layer")["baseline"].mean()
+        ax.plot(baseline.index, baseline.values, color="grey", ls="--", lw=1, label="baseline")
+        ax.set(xlabel="layer", ylabel=metric.upper(), title=f"{name}: {probe}", ylim=(0, None))
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    _save(fig, path)
