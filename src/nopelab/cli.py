@@ -25,6 +25,7 @@ ANALYSIS = "Analysis"
 DATA = "Data"
 TRAINING = "Training"
 OUTPUT = "Output"
+PROBE = "Probe"
 
 
 def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
@@ -106,6 +107,109 @@ Out = Annotated[
 ]
 Force = Annotated[bool, typer.Option(help="Replace a non-empty --out", rich_help_panel=OUTPUT)]
 
+SeqLen = Annotated[int | None, typer.Option(help="Sequence length [256]", rich_help_panel=ANALYSIS)]
+Samples = Annotated[
+    int | None, typer.Option(help="Number of sequences [64]", rich_help_panel=ANALYSIS)
+]
+BatchSize = Annotated[
+    int | None, typer.Option(help="Sequences per forward pass [8]", rich_help_panel=ANALYSIS)
+]
+Input = Annotated[
+    str | None,
+    typer.Option(
+        help="random (N(0,1) vectors) | tokens (uniform ids) | data (a run's held-out task "
+        "lines or text) \\[random; data for a run directory]",
+        rich_help_panel=ANALYSIS,
+    ),
+]
+Sites = Annotated[
+    str | None,
+    typer.Option(
+        help="Comma-separated: embed,attn_out,resid_mid,mlp_out,resid_post \\[all]",
+        rich_help_panel=ANALYSIS,
+    ),
+]
+AttnEntropy = Annotated[
+    bool | None,
+    typer.Option(
+        "--attn-entropy/--no-attn-entropy",
+        help="Also record attention entropy and logit spread \\[no]",
+        rich_help_panel=ANALYSIS,
+    ),
+]
+Dtype = Annotated[
+    str | None, typer.Option(help="float32 | bfloat16 | float16", rich_help_panel=ANALYSIS)
+]
+Seed = Annotated[
+    int | None, typer.Option(help="Seed for weights and inputs [0]", rich_help_panel=ANALYSIS)
+]
+Device = Annotated[
+    str | None, typer.Option(help="auto | cpu | cuda[:N] \\[auto]", rich_help_panel=ANALYSIS)
+]
+
+ProbeLayers = Annotated[
+    str | None,
+    typer.Option(help="Layers to probe, e.g. 0,3,6 (embed is 0) \\[all]", rich_help_panel=PROBE),
+]
+Probes = Annotated[
+    str | None,
+    typer.Option(
+        help="Comma-separated: linear-cls,mlp-cls,linear-reg,mlp-reg", rich_help_panel=PROBE
+    ),
+]
+Features = Annotated[
+    str | None,
+    typer.Option(
+        help="Comma-separated feature sets from raw, norm, variance, cos_last, cos_row; "
+        "join with + to combine, e.g. raw,norm+cos_last",
+        rich_help_panel=PROBE,
+    ),
+]
+Target = Annotated[
+    str | None,
+    typer.Option(
+        help="position | distance (to the last token) \\[position]", rich_help_panel=PROBE
+    ),
+]
+Split = Annotated[
+    str | None,
+    typer.Option(
+        help="sequences (held-out sequences) | vocab (train and test sequences from disjoint "
+        "halves of the vocabulary; needs --input tokens) \\[sequences]",
+        rich_help_panel=PROBE,
+    ),
+]
+ProbeSeeds = Annotated[
+    int | None,
+    typer.Option(
+        help="Probe repeats (split and initialisation) for mean ± std [3]", rich_help_panel=PROBE
+    ),
+]
+Epochs = Annotated[
+    int | None, typer.Option(help="MLP/linear-cls epochs [20]", rich_help_panel=PROBE)
+]
+Hidden = Annotated[int | None, typer.Option(help="MLP hidden width [64]", rich_help_panel=PROBE)]
+
+PROBE_FLAGS = (
+    "probe_layers",
+    "probes",
+    "features",
+    "target",
+    "split",
+    "probe_seeds",
+    "epochs",
+    "hidden",
+)
+
+
+def _probe_flags(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The probe flags among a command's ``arguments``, under their config names."""
+    flags = {name: arguments[name] for name in PROBE_FLAGS}
+    flags["layers"] = _ints(flags.pop("probe_layers"), "--probe-layers")
+    flags["seeds"] = flags.pop("probe_seeds")
+    flags["probes"], flags["features"] = _words(flags["probes"]), _words(flags["features"])
+    return flags
+
 
 MODEL_FLAGS = (
     "pos_encoding", "nope_layers", "layers", "heads", "d_model", "vocab_size", "max_seq_len",
@@ -121,12 +225,73 @@ def _model_flags(arguments: dict[str, Any]) -> dict[str, Any]:
     return flags
 
 
+ANALYSIS_FLAGS = (
+    "seq_len", "samples", "batch_size", "input", "sites", "attn_entropy", "dtype", "seed", "device",
+)  # fmt: skip
+
+
+def _analysis_flags(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The analysis flags among a command's ``arguments``."""
+    flags = {name: arguments[name] for name in ANALYSIS_FLAGS if name in arguments}
+    flags["sites"] = _words(flags["sites"])
+    return flags
+
+
 def _merge(data: dict[str, Any], section: str, flags: dict[str, Any]) -> None:
     """Lay the given flags over ``data[section]`` (from a config file)."""
     table = data.setdefault(section, {})
     if not isinstance(table, dict):
         raise UserError(f"--config: [{section}] must be a table of settings")
     table.update({k: v for k, v in flags.items() if v is not None})
+
+
+def _model_and_analysis(
+    run_dir: Path | None,
+    data: dict[str, Any],
+    model_flags: dict[str, Any],
+    analysis_flags: dict[str, Any],
+    analysis_defaults: dict[str, Any] | None = None,
+) -> tuple[Any, Any, Any]:
+    """The model to study and the validated [model]+[analysis] settings: a training run's
+    checkpoint (default input: its held-out data) or a random-init model built from the flags.
+
+    Returns ``(RunConfig, model, source)``; ``source`` is the run's data when input is ``data``.
+    ``data`` (from a config file) may hold other sections; they are left for the caller.
+    """
+    from nopelab.analysis import build_model
+    from nopelab.config import RunConfig
+
+    section = data.get("analysis", {})
+    if isinstance(section, dict):
+        for key, value in (analysis_defaults or {}).items():
+            section.setdefault(key, value)
+        data["analysis"] = section
+    settings = {key: data[key] for key in ("model", "analysis") if key in data}
+    source = None
+    if run_dir is not None:
+        from nopelab.train import load_trained, make_source
+
+        given = [f"--{k.replace('_', '-')}" for k, v in model_flags.items() if v is not None]
+        if given or "model" in settings:
+            raise UserError(
+                f"{given[0] if given else '--config'}: a trained run fixes the model; drop the model settings"
+            )
+        run, model = load_trained(run_dir)
+        settings["model"] = dataclasses.asdict(run.model)
+        if isinstance(section, dict):
+            section.setdefault("input", "data")
+        _merge(settings, "analysis", analysis_flags)
+        cfg = RunConfig.from_dict(settings)
+        if cfg.analysis.input == "data":
+            source = make_source(run, run_dir)
+    else:
+        _merge(settings, "model", model_flags)
+        _merge(settings, "analysis", analysis_flags)
+        cfg = RunConfig.from_dict(settings)
+        if cfg.analysis.input == "data":
+            raise UserError("--input: data needs a training run directory; use random or tokens")
+        model = build_model(cfg.model, cfg.analysis.seed)
+    return cfg, model, source
 
 
 @app.command()
@@ -152,47 +317,15 @@ def analyze(
     bias: Bias = None,
     init: Init = None,
     init_std: InitStd = None,
-    seq_len: Annotated[
-        int | None, typer.Option(help="Sequence length [256]", rich_help_panel=ANALYSIS)
-    ] = None,
-    samples: Annotated[
-        int | None, typer.Option(help="Number of sequences [64]", rich_help_panel=ANALYSIS)
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="Sequences per forward pass [8]", rich_help_panel=ANALYSIS)
-    ] = None,
-    input: Annotated[
-        str | None,
-        typer.Option(
-            help="random (N(0,1) vectors) | tokens (uniform ids) | data (a run's held-out task "
-            "lines or text) \\[random; data for a run directory]",
-            rich_help_panel=ANALYSIS,
-        ),
-    ] = None,
-    sites: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated: embed,attn_out,resid_mid,mlp_out,resid_post \\[all]",
-            rich_help_panel=ANALYSIS,
-        ),
-    ] = None,
-    attn_entropy: Annotated[
-        bool | None,
-        typer.Option(
-            "--attn-entropy/--no-attn-entropy",
-            help="Also record attention entropy and logit spread \\[no]",
-            rich_help_panel=ANALYSIS,
-        ),
-    ] = None,
-    dtype: Annotated[
-        str | None, typer.Option(help="float32 | bfloat16 | float16", rich_help_panel=ANALYSIS)
-    ] = None,
-    seed: Annotated[
-        int | None, typer.Option(help="Seed for weights and inputs [0]", rich_help_panel=ANALYSIS)
-    ] = None,
-    device: Annotated[
-        str | None, typer.Option(help="auto | cpu | cuda[:N] \\[auto]", rich_help_panel=ANALYSIS)
-    ] = None,
+    seq_len: SeqLen = None,
+    samples: Samples = None,
+    batch_size: BatchSize = None,
+    input: Input = None,
+    sites: Sites = None,
+    attn_entropy: AttnEntropy = None,
+    dtype: Dtype = None,
+    seed: Seed = None,
+    device: Device = None,
     out: Out = None,
     force: Force = False,
 ) -> None:
@@ -201,49 +334,15 @@ def analyze(
     Random-init by default; give a training run directory to analyse its trained checkpoint.
     """
     arguments = dict(locals())  # the flags as given, before any other name exists
-    from nopelab.analysis import analyze_model, build_model, resolve_device
-    from nopelab.config import RunConfig, read_config_file
+    from nopelab.analysis import analyze_model, resolve_device
+    from nopelab.config import read_config_file
     from nopelab.report import write_analysis
     from nopelab.rundir import default_out, staged_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
     model_flags = _model_flags(arguments)
-    analysis_flags = {
-        "seq_len": seq_len,
-        "samples": samples,
-        "batch_size": batch_size,
-        "input": input,
-        "sites": _words(sites),
-        "attn_entropy": attn_entropy,
-        "dtype": dtype,
-        "seed": seed,
-        "device": device,
-    }
-    source = None
-    if run_dir is not None:
-        from nopelab.train import load_trained, make_source
-
-        given = [f"--{k.replace('_', '-')}" for k, v in model_flags.items() if v is not None]
-        if given or "model" in data:
-            raise UserError(
-                f"{given[0] if given else '--config'}: a trained run fixes the model; drop the model settings"
-            )
-        run, model = load_trained(run_dir)
-        data["model"] = dataclasses.asdict(run.model)
-        analysis = data.setdefault("analysis", {})
-        if isinstance(analysis, dict):
-            analysis.setdefault("input", "data")
-        _merge(data, "analysis", analysis_flags)
-        cfg = RunConfig.from_dict(data)
-        if cfg.analysis.input == "data":
-            source = make_source(run, run_dir)
-    else:
-        _merge(data, "model", model_flags)
-        _merge(data, "analysis", analysis_flags)
-        cfg = RunConfig.from_dict(data)
-        if cfg.analysis.input == "data":
-            raise UserError("--input: data needs a training run directory; use random or tokens")
-        model = build_model(cfg.model, cfg.analysis.seed)
+    analysis_flags = _analysis_flags(arguments)
+    cfg, model, source = _model_and_analysis(run_dir, data, model_flags, analysis_flags)
     resolve_device(cfg.analysis.device)
     out = out or default_out(f"analyze-{run_dir.name}" if run_dir else "analyze")
     with staged_run(out, force) as staging:
@@ -473,6 +572,212 @@ def default_out_for_train(run: Any) -> Path:
 
 def _format_metrics(metrics: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+
+
+def _probe_settings(data: dict[str, Any], flags: dict[str, Any]) -> Any:
+    """The validated [probe] settings: the config file's table with the flags laid over it."""
+    from nopelab.config import ProbeConfig, build
+
+    _merge(data, "probe", flags)
+    unknown = set(data) - {"model", "analysis", "probe"}
+    if unknown:
+        raise UserError(
+            f"--config: unknown section {sorted(unknown)[0]!r}; allowed: model, analysis, probe"
+        )
+    return build(ProbeConfig, data["probe"], "config.probe")
+
+
+@app.command()
+def probe(
+    run_dir: Annotated[
+        Path | None,
+        typer.Argument(
+            help="A training run directory: probe its trained model (default input: its own "
+            "held-out data). Without it, a randomly initialised model is built from the flags."
+        ),
+    ] = None,
+    config: ConfigFile = None,
+    pos_encoding: PosEncoding = None,
+    nope_layers: NopeLayers = None,
+    layers: Layers = None,
+    heads: Heads = None,
+    d_model: DModel = None,
+    vocab_size: VocabSize = None,
+    max_seq_len: MaxSeqLen = None,
+    bidirectional: Bidirectional = None,
+    norm: Norm = None,
+    norm_position: NormPosition = None,
+    bias: Bias = None,
+    init: Init = None,
+    init_std: InitStd = None,
+    seq_len: SeqLen = None,
+    samples: Samples = None,
+    batch_size: BatchSize = None,
+    input: Input = None,
+    sites: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated: embed,attn_out,resid_mid,mlp_out,resid_post \\[embed,resid_post]",
+            rich_help_panel=ANALYSIS,
+        ),
+    ] = None,
+    dtype: Dtype = None,
+    seed: Seed = None,
+    device: Device = None,
+    probe_layers: ProbeLayers = None,
+    probes: Probes = None,
+    features: Features = None,
+    target: Target = None,
+    split: Split = None,
+    probe_seeds: ProbeSeeds = None,
+    epochs: Epochs = None,
+    hidden: Hidden = None,
+    out: Out = None,
+    force: Force = False,
+) -> None:
+    """Fit position probes on a model's activations: accuracy and MAD (classifiers), MAE and
+    Pearson r (regressors), per site and layer, against the predict-the-middle baseline."""
+    arguments = dict(locals())
+    from nopelab.config import read_config_file
+    from nopelab.probe_report import write_probes
+    from nopelab.probing import probe_model
+    from nopelab.rundir import default_out, staged_run
+
+    data: dict[str, Any] = read_config_file(config) if config else {}
+    cfg, model, source = _model_and_analysis(
+        run_dir, data, _model_flags(arguments), _analysis_flags(arguments),
+        {"sites": ["embed", "resid_post"]},
+    )  # fmt: skip
+    probe_cfg = _probe_settings(data, _probe_flags(arguments))
+    out = out or default_out(f"probe-{run_dir.name}" if run_dir else "probe")
+    with staged_run(out, force) as staging:
+        start = time.perf_counter()
+        rows = probe_model(model, cfg.analysis, probe_cfg, source)
+        title = f"trained model {run_dir}" if run_dir else "random-init model"
+        config_dict = {**cfg.to_dict(), "probe": dataclasses.asdict(probe_cfg)}
+        write_probes(staging, config_dict, rows, time.perf_counter() - start, title)
+    typer.echo(f"wrote {out}")
+
+
+@app.command("compare-signals")
+def compare_signals(
+    run_dirs: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Training run directories: each is probed at its initial and its trained "
+            "weights. Without any, one randomly initialised model is built from the flags."
+        ),
+    ] = None,
+    config: ConfigFile = None,
+    pos_encoding: PosEncoding = None,
+    nope_layers: NopeLayers = None,
+    layers: Layers = None,
+    heads: Heads = None,
+    d_model: DModel = None,
+    vocab_size: VocabSize = None,
+    max_seq_len: MaxSeqLen = None,
+    bidirectional: Bidirectional = None,
+    norm: Norm = None,
+    norm_position: NormPosition = None,
+    bias: Bias = None,
+    init: Init = None,
+    init_std: InitStd = None,
+    seq_len: SeqLen = None,
+    samples: Samples = None,
+    batch_size: BatchSize = None,
+    input: Input = None,
+    sites: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated: embed,attn_out,resid_mid,mlp_out,resid_post \\[attn_out,resid_post]",
+            rich_help_panel=ANALYSIS,
+        ),
+    ] = None,
+    dtype: Dtype = None,
+    seed: Seed = None,
+    device: Device = None,
+    probe_layers: ProbeLayers = None,
+    probes: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated: linear-reg,mlp-reg (regressors) \\[mlp-reg]",
+            rich_help_panel=PROBE,
+        ),
+    ] = None,
+    features: Annotated[
+        str | None,
+        typer.Option(
+            help="Feature sets to compare \\[variance,norm,cos_last,cos_row,raw]; raw is the "
+            "whole vector, for reference",
+            rich_help_panel=PROBE,
+        ),
+    ] = None,
+    target: Target = None,
+    split: Split = None,
+    probe_seeds: ProbeSeeds = None,
+    epochs: Epochs = None,
+    hidden: Hidden = None,
+    out: Out = None,
+    force: Force = False,
+) -> None:
+    """Which signal carries position: variance alone, norm alone or cosine similarity alone?
+
+    Regression probes per layer for random-init and trained models, a verdict table, a figure.
+    """
+    arguments = dict(locals())
+    from nopelab.analysis import build_model
+    from nopelab.config import read_config_file
+    from nopelab.probe_report import write_probes
+    from nopelab.probing import probe_model
+    from nopelab.rundir import default_out, staged_run
+    from nopelab.signals import verdict
+    from nopelab.train import read_run
+
+    data: dict[str, Any] = read_config_file(config) if config else {}
+    defaults = {"sites": ["attn_out", "resid_post"]}
+    flags = _probe_flags(arguments)
+    for key, value in {
+        "probes": ("mlp-reg",),
+        "features": ("variance", "norm", "cos_last", "cos_row", "raw"),
+    }.items():
+        if flags[key] is None and key not in data.get("probe", {}):
+            flags[key] = value
+    models = []  # (label, state, model, analysis, source)
+    for run_dir in run_dirs or [None]:
+        cfg, model, source = _model_and_analysis(
+            run_dir, {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()},
+            _model_flags(arguments), _analysis_flags(arguments), defaults,
+        )  # fmt: skip
+        if run_dir is None:
+            models.append(("random-init", "init", model, cfg, source))
+            continue
+        run = read_run(run_dir)
+        initial = build_model(run.model, run.train.seed)  # the weights training started from
+        models += [
+            (run_dir.name, "init", initial, cfg, source),
+            (run_dir.name, "trained", model, cfg, source),
+        ]
+    probe_cfg = _probe_settings(data, flags)
+    if any(not p.endswith("reg") for p in probe_cfg.probes):
+        raise UserError("--probes: compare-signals uses regression probes: linear-reg, mlp-reg")
+    out = out or default_out("compare-signals")
+    with staged_run(out, force) as staging:
+        start = time.perf_counter()
+        rows = []
+        for label, state, model, cfg, source in models:
+            rows += probe_model(
+                model, cfg.analysis, probe_cfg, source, f"{label} {state}",
+                labels={"model": label, "state": state},
+            )  # fmt: skip
+        config_dict = {
+            "runs": [str(r) for r in run_dirs or []],
+            **models[0][3].to_dict(),
+            "probe": dataclasses.asdict(probe_cfg),
+        }
+        title = "variance, norm or similarity?"
+        seconds = time.perf_counter() - start
+        write_probes(staging, config_dict, rows, seconds, title, verdict(rows))
+    typer.echo(f"wrote {out}; see {out / 'summary.md'}")
 
 
 @app.command()

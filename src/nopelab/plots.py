@@ -225,10 +225,14 @@ def probe_errors(
     grey line is the baseline (predicting the middle position). Lower is better.
     """
     panels = list(dict.fromkeys(zip(rows[panel], rows["probe"], strict=True)))
+    ncols = min(4, len(panels))
+    nrows = -(-len(panels) // ncols)
     fig, axes = plt.subplots(
-        1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False, layout="constrained"
+        nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False, layout="constrained"
     )
-    for ax, (name, probe) in zip(axes[0], panels, strict=True):
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    for ax, (name, probe) in zip(axes.flat, panels, strict=False):
         group = rows[(rows[panel] == name) & (rows["probe"] == probe)]
         metric = "mad" if probe.endswith("cls") else "mae"
         for label, lines in group.groupby(line, sort=False):
@@ -247,7 +251,7 @@ def probe_errors(
         ax.set(xlabel="layer", ylabel=metric.upper(), title=f"{name}: {probe}", ylim=(0, None))
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    axes.flat[0].legend(fontsize=7)
     if title:
         fig.suptitle(title)
     _save(fig, path)

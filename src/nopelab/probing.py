@@ -45,7 +45,7 @@ def probe_keys(
     for layer in layers:
         if not any(key[1] == layer for key in available):
             raise ConfigError(
-                "layers",
+                "probe.layers",
                 f"layer {layer} does not exist for sites {', '.join(sites)} "
                 f"(embed is layer 0, block sites are 1..{L})",
             )

@@ -1,0 +1,69 @@
+"""The files of a probe run (``nopelab probe``, ``nopelab compare-signals``).
+
+* ``config.json`` — the resolved model, analysis and probe settings, plus versions;
+* ``probes.parquet`` — one row per (site, layer, features, probe) (plus ``model``/``state`` for
+  compare-signals): ``mad`` and ``accuracy`` (classifiers) or ``mae`` and ``r`` (regressors),
+  ``baseline`` (error of predicting the middle), each metric's seed spread as ``NAME_std``, and
+  ``seeds``;
+* ``summary.json`` — ``rows`` (the same), ``verdict`` (compare-signals), ``seconds``;
+* ``verdict.parquet`` — compare-signals: per layer, which signal alone recovers position best;
+* ``probes.png`` — error against layer, a line per feature set, the baseline dashed;
+* ``summary.md`` — the tables in markdown.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from nopelab import plots
+from nopelab.report import environment, markdown_table
+from nopelab.rundir import write_json
+
+LABELS = ["model", "state"]
+
+
+def readable(rows: pd.DataFrame) -> pd.DataFrame:
+    """The probe rows as a compact table: the error as ``mean ± std``, the baseline, and
+    accuracy or Pearson r."""
+    columns = [c for c in [*LABELS, "site", "layer", "features", "probe"] if c in rows]
+    table = rows[columns].copy()
+    regression = rows["probe"].str.endswith("reg")
+    metric = rows["mae"].where(regression, rows.get("mad"))
+    spread = rows["mae_std"].where(regression, rows.get("mad_std"))
+    table["error (MAE/MAD)"] = [f"{m:.3g} ± {s:.2g}" for m, s in zip(metric, spread, strict=True)]
+    table["baseline"] = rows["baseline"].round(3)
+    other = rows["r"].where(regression, rows.get("accuracy"))
+    table["r / accuracy"] = other.round(3)
+    return table
+
+
+def write_probes(
+    out: Path,
+    config: dict[str, Any],
+    rows: list[dict[str, Any]],
+    seconds: float,
+    title: str,
+    verdict: pd.DataFrame | None = None,
+) -> None:
+    """Write a probe run's files into ``out``."""
+    frame = pd.DataFrame(rows)
+    write_json(out / "config.json", {**config, "environment": environment()})
+    summary: dict[str, Any] = {"rows": rows, "seconds": seconds}
+    frame.to_parquet(out / "probes.parquet", index=False)
+    text = f"# nopelab probes: {title}\n\n{seconds:.1f} s. Lower error is better; the baseline predicts the middle position.\n\n"
+    if verdict is not None:
+        summary["verdict"] = verdict.to_dict(orient="records")
+        verdict.to_parquet(out / "verdict.parquet", index=False)
+        text += "## Which signal alone recovers position best (regression MAE)\n\n"
+        text += markdown_table(verdict) + "\n\n"
+    write_json(out / "summary.json", summary)
+    panel = frame["site"]
+    for label in reversed(LABELS):
+        if label in frame:
+            panel = frame[label].astype(str) + " " + panel
+    plots.probe_errors(frame.assign(panel=panel), out / "probes.png", panel="panel", title=title)
+    text += "## Probes\n\n" + markdown_table(readable(frame)) + "\n"
+    (out / "summary.md").write_text(text)
