@@ -255,3 +255,72 @@ def probe_errors(
     if title:
         fig.suptitle(title)
     _save(fig, path)
+
+
+def probe_mad_with_reference(
+    rows: pd.DataFrame,
+    reference: pd.DataFrame,
+    path: Path,
+    shape_probe: str,
+    labels: dict[str, str] | None = None,
+    title: str = "",
+) -> None:
+    """Classifier-probe MAD per layer, a line per encoding, beside published curves.
+
+    ``rows``: ``pos_encoding``, ``probe``, ``layer``, ``mad``, ``mad_std``, ``baseline``
+    (predict the middle), ``random_baseline``, ``depth`` (layer / L) and ``mad_fraction``
+    (MAD / random). ``reference``: ``pos_encoding``, ``depth``, ``mad_fraction``. One panel
+    per probe kind (MAD against layer), then a shape panel: MAD / random against depth, ours
+    (``shape_probe``) solid, the reference dashed with markers, the same colour per encoding.
+    """
+    labels = labels or {}
+    encodings = list(dict.fromkeys([*rows["pos_encoding"], *reference["pos_encoding"]]))
+    colours = {pe: f"C{i}" for i, pe in enumerate(encodings)}
+    probes = list(dict.fromkeys(rows["probe"]))
+    fig, axes = plt.subplots(
+        1, len(probes) + 1, figsize=(4.2 * (len(probes) + 1), 3.6), layout="constrained"
+    )
+    for ax, probe in zip(axes, probes, strict=False):
+        group = rows[rows["probe"] == probe]
+        for pe, lines in group.groupby("pos_encoding", sort=False):
+            lines = lines.sort_values("layer")
+            ax.errorbar(
+                lines["layer"], lines["mad"], yerr=lines["mad_std"], marker="o", ms=3,
+                capsize=2, color=colours[pe], label=labels.get(pe, pe),
+            )  # fmt: skip
+        by_layer = group.groupby("layer")
+        ax.plot(*_series(by_layer["baseline"].mean()), color="grey", ls="--", lw=1,
+                label="predict middle")  # fmt: skip
+        ax.plot(*_series(by_layer["random_baseline"].mean()), color="grey", ls=":", lw=1,
+                label="random")  # fmt: skip
+        ax.set(xlabel="layer (0 = embedding)", ylabel="MAD", title=f"ours: {probe}", ylim=(0, None))
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    ax = axes[-1]
+    ours = rows[rows["probe"] == shape_probe]
+    for pe in encodings:
+        mine = ours[ours["pos_encoding"] == pe].sort_values("depth")
+        if len(mine):
+            ax.plot(mine["depth"], mine["mad_fraction"], color=colours[pe], lw=1.5,
+                    label=f"{labels.get(pe, pe)}, ours")  # fmt: skip
+        theirs = reference[reference["pos_encoding"] == pe].sort_values("depth")
+        if len(theirs):
+            ax.plot(theirs["depth"], theirs["mad_fraction"], color=colours[pe], ls="--",
+                    marker="s", ms=4, lw=1, label=f"{labels.get(pe, pe)}, published")  # fmt: skip
+    ax.axhline(1.0, color="grey", ls=":", lw=1)
+    ax.set(
+        xlabel="depth (layer / number of layers)",
+        ylabel="MAD / random baseline",
+        title=f"shape, not scale (ours: {shape_probe})",
+        ylim=(0, 1.1),
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)
+    if title:
+        fig.suptitle(title)
+    _save(fig, path)
+
+
+def _series(series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    return series.index.to_numpy(), series.to_numpy()
