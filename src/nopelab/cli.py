@@ -251,15 +251,22 @@ def _model_and_analysis(
     model_flags: dict[str, Any],
     analysis_flags: dict[str, Any],
     analysis_defaults: dict[str, Any] | None = None,
+    sections: tuple[str, ...] = ("model", "analysis"),
 ) -> tuple[Any, Any, Any]:
     """The model to study and the validated [model]+[analysis] settings: a training run's
     checkpoint (default input: its held-out data) or a random-init model built from the flags.
 
     Returns ``(RunConfig, model, source)``; ``source`` is the run's data when input is ``data``.
-    ``data`` (from a config file) may hold other sections; they are left for the caller.
+    ``data`` (from a config file) may hold the other ``sections``; they are left for the caller.
     """
     from nopelab.analysis import build_model
     from nopelab.config import RunConfig
+    from nopelab.errors import ConfigError
+
+    unknown = set(data) - set(sections)
+    if unknown:
+        allowed = ", ".join(sections)
+        raise ConfigError("config", f"unknown section {sorted(unknown)[0]!r}; allowed: {allowed}")
 
     section = data.get("analysis", {})
     if isinstance(section, dict):
@@ -574,16 +581,14 @@ def _format_metrics(metrics: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
 
 
+PROBE_SECTIONS = ("model", "analysis", "probe")
+
+
 def _probe_settings(data: dict[str, Any], flags: dict[str, Any]) -> Any:
     """The validated [probe] settings: the config file's table with the flags laid over it."""
     from nopelab.config import ProbeConfig, build
 
     _merge(data, "probe", flags)
-    unknown = set(data) - {"model", "analysis", "probe"}
-    if unknown:
-        raise UserError(
-            f"--config: unknown section {sorted(unknown)[0]!r}; allowed: model, analysis, probe"
-        )
     return build(ProbeConfig, data["probe"], "config.probe")
 
 
@@ -646,7 +651,7 @@ def probe(
     data: dict[str, Any] = read_config_file(config) if config else {}
     cfg, model, source = _model_and_analysis(
         run_dir, data, _model_flags(arguments), _analysis_flags(arguments),
-        {"sites": ["embed", "resid_post"]},
+        {"sites": ["embed", "resid_post"]}, PROBE_SECTIONS,
     )  # fmt: skip
     probe_cfg = _probe_settings(data, _probe_flags(arguments))
     out = out or default_out(f"probe-{run_dir.name}" if run_dir else "probe")
@@ -746,7 +751,7 @@ def compare_signals(
     for run_dir in run_dirs or [None]:
         cfg, model, source = _model_and_analysis(
             run_dir, {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()},
-            _model_flags(arguments), _analysis_flags(arguments), defaults,
+            _model_flags(arguments), _analysis_flags(arguments), defaults, PROBE_SECTIONS,
         )  # fmt: skip
         if run_dir is None:
             models.append(("random-init", "init", model, cfg, source))
