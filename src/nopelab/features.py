@@ -112,6 +112,8 @@ def collect(
                 inputs["inputs_embeds"] = inputs["inputs_embeds"].to(param.dtype)
             model(**inputs)
             n = len(next(iter(inputs.values())))
+            if row + n > samples:
+                raise ValueError(f"the batches hold more than the {samples} sequences asked for")
             for key in keys:
                 store.arrays[key][row : row + n] = current[key].float().cpu().numpy()
             row += n
