@@ -786,6 +786,108 @@ def compare_signals(
 
 
 @app.command()
+def intervene(
+    run_dir: Annotated[Path, typer.Argument(help="A training run directory")],
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="TOML, YAML or JSON with [intervention], [analysis] and [probe] tables; flags override it.",
+            rich_help_panel=OUTPUT,
+        ),
+    ] = None,
+    site: Annotated[
+        str | None,
+        typer.Option(help="embed | attn_out | resid_mid | mlp_out | resid_post \\[attn_out]"),
+    ] = None,
+    at_layers: Annotated[
+        str | None, typer.Option(help="Layers to intervene at, e.g. 1,2 \\[every layer]")
+    ] = None,
+    interventions: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated: equalize-norm, shuffle-norm (its control), leace, "
+            "leace-shuffled (its control) \\[all four]"
+        ),
+    ] = None,
+    concept: Annotated[
+        str | None,
+        typer.Option(help="What LEACE erases: onehot (every position class) | scalar \\[onehot]"),
+    ] = None,
+    fit_samples: Annotated[
+        int | None, typer.Option(help="Held-out sequences to fit the edits on [64]")
+    ] = None,
+    eval_samples: Annotated[
+        int, typer.Option(help="Task: test examples decoded per evaluation")
+    ] = 256,
+    seq_len: Annotated[
+        int | None, typer.Option(help="Sequence length \\[the run's training length]")
+    ] = None,
+    samples: Annotated[int | None, typer.Option(help="Sequences the probes see [64]")] = None,
+    probes: Probes = None,
+    features: Features = None,
+    probe_seeds: ProbeSeeds = None,
+    epochs: Epochs = None,
+    seed: Seed = None,
+    device: Device = None,
+    out: Out = None,
+    force: Force = False,
+) -> None:
+    """Edit one site of a trained model (norm equalisation, LEACE position erasure, and their
+    controls) and measure what its behaviour and the downstream probes lose, per layer."""
+    from nopelab.config import (
+        AnalysisConfig,
+        InterventionConfig,
+        ProbeConfig,
+        build,
+        read_config_file,
+    )
+    from nopelab.interventions import run_interventions, write_interventions
+    from nopelab.rundir import check_out, default_out, staged_run
+    from nopelab.train import read_run
+
+    data: dict[str, Any] = read_config_file(config) if config else {}
+    sections = ("intervention", "analysis", "probe")
+    unknown = set(data) - set(sections)
+    if unknown:
+        raise UserError(
+            f"config: unknown section {sorted(unknown)[0]!r}; allowed: {', '.join(sections)}"
+        )
+    run = read_run(run_dir)
+    _merge(data, "intervention", {
+        "site": site, "layers": _ints(at_layers, "--at-layers"),
+        "interventions": _words(interventions), "concept": concept, "fit_samples": fit_samples,
+    })  # fmt: skip
+    _merge(
+        data, "analysis", {"seq_len": seq_len, "samples": samples, "seed": seed, "device": device}
+    )
+    data["analysis"].setdefault("seq_len", run.train.seq_len)
+    data["analysis"].setdefault("input", "data")
+    _merge(data, "probe", {
+        "probes": _words(probes), "features": _words(features), "seeds": probe_seeds,
+        "epochs": epochs,
+    })  # fmt: skip
+    data["probe"].setdefault("probes", ["linear-cls", "mlp-reg"])
+    cfg = build(InterventionConfig, data["intervention"], "config.intervention")
+    analysis = build(AnalysisConfig, data["analysis"], "config.analysis")
+    probe_cfg = build(ProbeConfig, data["probe"], "config.probe")
+    if eval_samples < 1:
+        raise UserError(f"--eval-samples: must be >= 1, got {eval_samples}")
+    out = out or default_out(f"intervene-{run_dir.name}")
+    check_out(out, force)
+    with staged_run(out, force) as staging:
+        rows = run_interventions(run_dir, cfg, probe_cfg, analysis, eval_samples=eval_samples)
+        config_dict = {
+            "run": str(run_dir),
+            "intervention": dataclasses.asdict(cfg),
+            "analysis": dataclasses.asdict(analysis),
+            "probe": dataclasses.asdict(probe_cfg),
+        }
+        write_interventions(staging, rows, config_dict, title=f"trained model {run_dir}")
+    typer.echo(f"wrote {out}; see {out / 'summary.md'}")
+
+
+@app.command()
 def reproduce(
     paper: Annotated[str, typer.Argument(help="chi2023 | zuo2025")],
     part: Annotated[

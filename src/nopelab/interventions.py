@@ -1,0 +1,445 @@
+"""Causal interventions: edit one site of a trained model and see what its behaviour loses.
+
+At a chosen (site, layer) a forward hook replaces every token's activation h by f(h). Each f is
+fitted on that site's activations for ``fit_samples`` held-out sequences and never looks at the
+position index, so it applies to any input length (greedy decoding grows the input):
+
+- ``equalize-norm``: h ← h · c/‖h‖, with c the mean token norm of the fit set. Directions are
+  unchanged, so every cosine similarity is too; the norm (and variance) signal is gone.
+- ``shuffle-norm`` (its control): h ← h · f with f drawn i.i.d. per token (afresh at every
+  forward pass) from the fit set's values of c/‖h‖: the same distribution of rescalings, not
+  tied to position.
+- ``leace``: LEACE (Belrose et al. 2023, ``concept-erasure``) fitted on (activations, position).
+  Concept ``onehot`` erases every linearly decodable position class: up to T−1 directions,
+  most of the space when T is close to d, which can wreck a small model whatever it aims at;
+  ``scalar`` erases what a linear regression of the position can use (one direction).
+- ``leace-shuffled`` (its control): LEACE fitted on the same activations with the position labels
+  permuted across tokens: the same kind and rank of edit, not aimed at position. In whitened
+  coordinates both remove the same number of dimensions; their Euclidean sizes (the ``size``
+  column, mean ‖Δh‖/‖h‖ on the fit set) can differ, so compare them before reading the verdict.
+
+LEACE is linear erasure: after it no linear probe beats a constant guess on the fit set, and on
+held-out sequences only the fitting error is left (it shrinks as ``fit_samples`` grows). Position
+carried non-linearly, e.g. by the norm, survives: an MLP probe may still read it. On synthetic
+activations whose norm shrinks like 1/sqrt(t) (tests/test_interventions.py), a linear classifier
+falls to chance after LEACE while an MLP regressor keeps r ≈ 0.5.
+
+:func:`run_interventions` measures, per layer and intervention, the behaviour of a trained run
+(task accuracy or text loss) and the position probes downstream; :func:`verdict` compares each
+intervention with its control; :func:`write_interventions` writes the results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from concept_erasure import LeaceFitter
+from torch import Tensor
+
+from nopelab.analysis import input_batches, progress_bar, resolve_device
+from nopelab.capture import SiteKey, site_modules
+from nopelab.config import (
+    SITES,
+    AnalysisConfig,
+    InterventionConfig,
+    ModelConfig,
+    ProbeConfig,
+)
+from nopelab.errors import ConfigError
+from nopelab.features import collect, feature_matrix
+from nopelab.model import Transformer
+from nopelab.probes import Split, fit_probe, position_targets, sequence_splits, summarize
+from nopelab.report import environment, markdown_table
+from nopelab.rundir import write_json
+from nopelab.sources import Source
+from nopelab.train import load_trained, make_source
+
+EPS = 1e-30
+# LEACE keeps directions whose whitened cross-covariance singular value exceeds this; the
+# library's default (0.01) would drop most of the noise directions the shuffled control is
+# fitted on, so the control would remove fewer directions than LEACE itself.
+SVD_TOL = 1e-6
+CONTROLS = {"shuffle-norm": "equalize-norm", "leace-shuffled": "leace"}
+SIGNALS = {"norm": ("equalize-norm", "shuffle-norm"), "position": ("leace", "leace-shuffled")}
+
+
+class Intervention(Protocol):
+    def __call__(self, h: Tensor) -> Tensor:
+        """``(..., d)`` activations in, edited activations of the same shape out."""
+
+
+@dataclass
+class EqualizeNorm:
+    """Every token rescaled to the norm ``norm``."""
+
+    norm: float
+
+    def __call__(self, h: Tensor) -> Tensor:
+        return h * (self.norm / h.norm(dim=-1, keepdim=True).clamp_min(EPS))
+
+
+class ShuffleNorm:
+    """Every token rescaled by a factor drawn at random from ``factors``."""
+
+    def __init__(self, factors: Tensor, seed: int):
+        self.factors = factors
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, h: Tensor) -> Tensor:
+        picks = torch.randint(len(self.factors), h.shape[:-1], generator=self.generator)
+        return h * self.factors[picks].to(h.device, h.dtype)[..., None]
+
+
+@dataclass
+class Erase:
+    """The affine LEACE map h ← h − (h − bias) · rightᵀ · leftᵀ."""
+
+    left: Tensor  # (d, k)
+    right: Tensor  # (k, d)
+    bias: Tensor  # (d,)
+
+    def __call__(self, h: Tensor) -> Tensor:
+        left, right, bias = (t.to(h.device, h.dtype) for t in (self.left, self.right, self.bias))
+        return h - ((h - bias) @ right.T) @ left.T
+
+
+def fit_intervention(
+    name: str, acts: Tensor, concept: str = "onehot", seed: int = 0
+) -> Intervention:
+    """Fit intervention ``name`` on one site's activations ``(N, T, d)``."""
+    N, T, d = acts.shape
+    x = acts.reshape(N * T, d).double()
+    if name in ("equalize-norm", "shuffle-norm"):
+        norms = x.norm(dim=-1)
+        if name == "equalize-norm":
+            return EqualizeNorm(float(norms.mean()))
+        return ShuffleNorm((norms.mean() / norms.clamp_min(EPS)).float(), seed)
+    positions = torch.arange(T).repeat(N)
+    if name == "leace-shuffled":
+        order = torch.randperm(N * T, generator=torch.Generator().manual_seed(seed))
+        positions = positions[order]
+    z = F.one_hot(positions, T) if concept == "onehot" else positions[:, None]
+    fitter = LeaceFitter(d, z.shape[1], dtype=torch.float64, svd_tol=SVD_TOL)
+    eraser = fitter.update(x, z.double()).eraser
+    return Erase(eraser.proj_left.float(), eraser.proj_right.float(), eraser.bias.float())
+
+
+@torch.no_grad()
+def edit_size(intervention: Intervention, acts: Tensor, chunk: int = 64) -> float:
+    """Mean over tokens of ‖f(h) − h‖ / ‖h‖ on activations ``(N, T, d)``."""
+    total, count = 0.0, 0
+    for i in range(0, len(acts), chunk):
+        h = acts[i : i + chunk].float()
+        ratio = (intervention(h) - h).norm(dim=-1) / h.norm(dim=-1).clamp_min(EPS)
+        total, count = total + float(ratio.sum()), count + ratio.numel()
+    return total / count
+
+
+def check_place(model: ModelConfig, site: str, layer: int) -> None:
+    """A ConfigError unless the model has ``site`` at ``layer``."""
+    if site not in SITES:
+        raise ConfigError("site", f"unknown value {site!r}; allowed: {', '.join(SITES)}")
+    if site == "embed" and layer != 0:
+        raise ConfigError("layers", f"site embed has only layer 0, got {layer}")
+    if site != "embed" and not 1 <= layer <= model.n_layers:
+        raise ConfigError(
+            "layers", f"the model has no layer {layer} at site {site} (layers 1..{model.n_layers})"
+        )
+
+
+@contextlib.contextmanager
+def applied(
+    model: Transformer, site: str, layer: int, intervention: Intervention
+) -> Iterator[None]:
+    """Within the block, ``intervention`` replaces the activations at (site, layer)."""
+    check_place(model.cfg, site, layer)
+
+    def hook(module: torch.nn.Module, inputs: tuple, output: Tensor) -> Tensor:
+        return intervention(output.float()).to(output.dtype)
+
+    handle = site_modules(model, [site])[(site, layer)].register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+# ------------------------------------------------------------------------ a trained run
+
+
+def run_interventions(
+    run_dir: Path,
+    cfg: InterventionConfig,
+    probe: ProbeConfig,
+    analysis: AnalysisConfig,
+    *,
+    eval_samples: int = 256,
+    eval_tokens: int = 16384,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Intervene at every chosen layer of the trained run in ``run_dir``.
+
+    ``analysis`` gives the length (``seq_len``, best the run's training length) and number
+    (``samples``) of the held-out sequences that the probes see, and the seed, device and dtype;
+    the fit set is ``cfg.fit_samples`` other held-out sequences of the same length. ``probe``
+    gives the probes, feature sets and seeds (its ``layers`` are ignored: probes sit at the
+    intervened site and at the last layer's ``resid_post``). The behaviour is the run's own
+    evaluation on at most ``eval_samples`` test examples (task) or ``eval_tokens`` held-out
+    tokens per length (text).
+
+    Returns one row per layer and intervention, plus an unmodified row (``intervention`` none):
+    ``layer``, ``site``, ``intervention``, ``control_of``, ``concept``, ``size`` (mean
+    ‖Δh‖/‖h‖ on the fit set), ``metric`` (``accuracy`` for a task, ``loss`` for text), ``delta``
+    (its change against the unmodified model), ``se`` (its standard error from the evaluation's
+    sampling), every metric the evaluation returns, ``probe_baseline`` and probe columns
+    ``{where}_{probe}_{features}_{mad|accuracy|mae|r}`` with ``where`` ``site`` or ``final``.
+    """
+    if probe.split != "sequences":
+        raise ConfigError("split", "interventions probe held-out sequences; use split sequences")
+    run, model = load_trained(run_dir)
+    analysis.check_model(run.model)
+    L = run.model.n_layers
+    layers = cfg.layers or ((0,) if cfg.site == "embed" else tuple(range(1, L + 1)))
+    for layer in layers:
+        check_place(run.model, cfg.site, layer)
+    device = resolve_device(analysis.device)
+    model = model.to(device=device, dtype=getattr(torch, analysis.dtype)).eval()
+    small = dataclasses.replace(
+        run.train,
+        eval_samples=min(eval_samples, run.train.eval_samples),
+        eval_tokens=min(eval_tokens, run.train.eval_tokens),
+    )
+    source = make_source(dataclasses.replace(run, train=small), run_dir)
+    seq_len = run.train.seq_len
+
+    def behaviour() -> dict[str, float]:
+        return source.evaluate(model, seq_len, False, device, contextlib.nullcontext)
+
+    metrics = behaviour()
+    metric = "accuracy" if "accuracy" in metrics else "loss"
+    standard_error = _standard_error(metric, source, model, seq_len, device, analysis.seed)
+
+    T, n = analysis.seq_len, analysis.samples
+    splits = sequence_splits(n, probe.test_fraction, probe.seeds, analysis.seed)
+    targets = position_targets(n, T, probe.target)
+    baseline = float(
+        sum((targets[s.test] - targets[s.train].double().median()).abs().mean() for s in splits)
+        / len(splits)
+    )  # predicting the training median, as the probes' own baseline
+    final: SiteKey = ("resid_post", L)
+
+    def probes_at(keys: list[SiteKey]) -> dict[SiteKey, dict[str, float]]:
+        keys = list(dict.fromkeys(keys))
+        batches = input_batches(run.model, dataclasses.replace(analysis, input="data"), source)
+        with collect(model, keys, batches, n, T, probe.memory_gb) as acts:
+            return {
+                k: _fit_probes(acts[k], probe, splits, targets, analysis.seed, device) for k in keys
+            }
+
+    def probe_columns(at: dict[SiteKey, dict[str, float]], key: SiteKey) -> dict[str, float]:
+        """Probes at ``key`` (labelled site) and at the last layer (labelled final)."""
+        columns = {"probe_baseline": baseline}
+        for where, k in (("site", key), ("final", final)):
+            columns.update({f"{where}_{name}": value for name, value in at[k].items()})
+        return columns
+
+    fit_generator = torch.Generator().manual_seed(analysis.seed + 2)  # probes use seed + 1
+    fit_batches = (
+        {"idx": source.held_out(min(analysis.batch_size, cfg.fit_samples - i), T, fit_generator)}
+        for i in range(0, cfg.fit_samples, analysis.batch_size)
+    )
+    keys = [(cfg.site, layer) for layer in layers]
+    unmodified = probes_at([*keys, final])
+    rows = []
+    with (
+        collect(model, keys, fit_batches, cfg.fit_samples, T, probe.memory_gb) as fit,
+        progress_bar() as bar,
+    ):
+        task = bar.add_task(
+            "intervene", total=len(layers) * (1 + len(cfg.interventions)), visible=progress
+        )
+        for key in keys:
+            common = {"layer": key[1], "site": key[0], "concept": cfg.concept, "metric": metric}
+            rows.append(
+                {
+                    **common,
+                    "intervention": "none",
+                    "control_of": None,
+                    "size": 0.0,
+                    "delta": 0.0,
+                    "se": standard_error(metrics[metric]),
+                    **metrics,
+                    **probe_columns(unmodified, key),
+                }
+            )
+            bar.advance(task)
+            for name in cfg.interventions:
+                intervention = fit_intervention(name, fit[key], cfg.concept, analysis.seed)
+                size = edit_size(intervention, fit[key])
+                with applied(model, *key, intervention):
+                    edited = behaviour()
+                    columns = probe_columns(probes_at([key, final]), key)
+                rows.append(
+                    {
+                        **common,
+                        "intervention": name,
+                        "control_of": CONTROLS.get(name),
+                        "size": size,
+                        "delta": edited[metric] - metrics[metric],
+                        "se": standard_error(edited[metric]),
+                        **edited,
+                        **columns,
+                    }
+                )
+                bar.advance(task)
+    return rows
+
+
+def _fit_probes(
+    acts: Tensor,
+    probe: ProbeConfig,
+    splits: list[Split],
+    targets: Tensor,
+    seed: int,
+    device: torch.device,
+) -> dict[str, float]:
+    """Seed-mean metrics of every probe on every feature set, keyed ``{probe}_{features}_{m}``."""
+    columns: dict[str, float] = {}
+    for combination in probe.features:
+        features = feature_matrix(acts, combination)
+        for kind in probe.probes:
+            summary = summarize(fit_probe(kind, features, targets, splits, probe, seed, device))
+            names = ("mad", "accuracy") if kind.endswith("cls") else ("mae", "r")
+            columns.update({f"{kind}_{combination}_{m}": summary[m] for m in names})
+    return columns
+
+
+def _standard_error(
+    metric: str, source: Source, model: Transformer, seq_len: int, device: torch.device, seed: int
+) -> Callable[[float], float]:
+    """A function from a metric value to its standard error under the evaluation's sampling.
+
+    Accuracy over n decoded examples: the binomial sqrt(p(1 − p)/n). Loss: the spread of the
+    unmodified model's per-window loss over held-out windows, divided by sqrt(windows evaluated).
+    """
+    if metric == "accuracy":
+        n = min(source.eval_samples, len(source.test))
+        return lambda p: math.sqrt(p * (1 - p) / n)
+    ids = source.held_out(32, seq_len, torch.Generator().manual_seed(seed + 3)).to(device)
+    with torch.no_grad():
+        logits = model(ids[:, :-1]).float()
+    losses = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none").mean(1)
+    windows = min(max(1, source.eval_tokens // seq_len), (len(source.stream.val) - 1) // seq_len)
+    spread = float(losses.std()) / math.sqrt(windows)
+    return lambda value: spread
+
+
+def verdict(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per layer, which signal the behaviour depends on.
+
+    For each signal (``norm``: equalize-norm against shuffle-norm; ``position``: leace against
+    leace-shuffled) the effect is the harm the intervention does beyond its control: the
+    accuracy it loses, or the loss it adds, more than the control does. A signal counts when its
+    effect exceeds two standard errors of the difference of the two evaluations
+    (2·sqrt(se_i² + se_c²), treating them as independent, which is conservative since they
+    share their examples). ``depends_on`` names the signals that count, the larger effect first,
+    or ``neither``. ``{signal}_size_ratio`` is the intervention's size over its control's: far
+    from 1, part of the effect may be the size of the edit rather than its aim.
+    """
+    by = {(r["layer"], r["intervention"]): r for r in rows}
+    verdicts = []
+    for layer in dict.fromkeys(r["layer"] for r in rows):
+        base = by[(layer, "none")]
+        sign = -1.0 if base["metric"] == "accuracy" else 1.0
+        entry: dict[str, Any] = {"layer": layer, "site": base["site"], "metric": base["metric"]}
+        counted = []
+        for signal, (name, control) in SIGNALS.items():
+            if (layer, name) not in by or (layer, control) not in by:
+                continue
+            edit, ctrl = by[(layer, name)], by[(layer, control)]
+            effect = sign * (edit["delta"] - ctrl["delta"])
+            margin = 2 * math.hypot(edit["se"], ctrl["se"])
+            entry[f"{signal}_effect"], entry[f"{signal}_margin"] = effect, margin
+            entry[f"{signal}_size_ratio"] = (
+                edit["size"] / ctrl["size"] if ctrl["size"] else math.inf
+            )
+            if effect > margin:
+                counted.append((effect, signal))
+        entry["depends_on"] = "+".join(s for _, s in sorted(counted, reverse=True)) or "neither"
+        verdicts.append(entry)
+    return verdicts
+
+
+# ------------------------------------------------------------------------ outputs
+
+
+def write_interventions(
+    out: Path,
+    rows: list[dict[str, Any]],
+    config: dict[str, Any] | None = None,
+    title: str = "",
+) -> dict[str, Any]:
+    """Write interventions.parquet, summary.json (``rows``, ``verdict``), summary.md,
+    interventions.png and, given ``config``, config.json into ``out``; return the summary."""
+    frame = pd.DataFrame(rows)
+    verdicts = verdict(rows)
+    summary = {"rows": rows, "verdict": verdicts}
+    if config is not None:
+        write_json(out / "config.json", {**config, "environment": environment()})
+    write_json(out / "summary.json", summary)
+    frame.to_parquet(out / "interventions.parquet", index=False)
+    intervention_figure(frame, out / "interventions.png", title)
+    metric = frame["metric"].iloc[0]
+    headline = [c for c in frame.columns if c.endswith(("_mad", "_mae"))]
+    columns = ["layer", "intervention", "size", metric, "delta", "se", *headline]
+    (out / "summary.md").write_text(
+        f"# nopelab interventions{': ' + title if title else ''}\n\n"
+        f"Site {frame['site'].iloc[0]}, concept {frame['concept'].iloc[0]}; "
+        f"`delta` is the change in {metric} against the unmodified model.\n\n"
+        f"{markdown_table(pd.DataFrame(verdicts))}\n\n"
+        f"{markdown_table(frame[columns])}\n"
+    )
+    return summary
+
+
+def intervention_figure(frame: pd.DataFrame, path: Path, title: str = "") -> None:
+    """Δmetric per layer: each intervention (solid) beside its control (hatched), ± 2 se."""
+    edits = [name for name in dict.fromkeys(frame["intervention"]) if name != "none"]
+    layers = list(dict.fromkeys(frame["layer"]))
+    fig, ax = plt.subplots(figsize=(max(5.5, 3.5 + 1.2 * len(layers)), 3.6))
+    width = 0.8 / max(1, len(edits))
+    colours = {"equalize-norm": "C0", "shuffle-norm": "C0", "leace": "C1", "leace-shuffled": "C1"}
+    for i, name in enumerate(edits):
+        group = frame[frame["intervention"] == name].set_index("layer").loc[layers]
+        ax.bar(
+            [j + (i - (len(edits) - 1) / 2) * width for j in range(len(layers))],
+            group["delta"],
+            width,
+            yerr=2 * group["se"],
+            capsize=2,
+            color=colours[name],
+            alpha=0.5 if name in CONTROLS else 0.9,
+            hatch="//" if name in CONTROLS else None,
+            label=name,
+        )
+    ax.axhline(0, color="grey", lw=1)
+    ax.set_xticks(range(len(layers)), [str(layer) for layer in layers])
+    ax.set(xlabel="layer", ylabel=f"Δ {frame['metric'].iloc[0]}", title=title or None)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
