@@ -39,16 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 import torch.nn.functional as F
 from concept_erasure import LeaceFitter
 from torch import Tensor
 
+from nopelab import plots
 from nopelab.analysis import input_batches, progress_bar, resolve_device
 from nopelab.capture import SiteKey, site_modules
 from nopelab.config import (
@@ -401,7 +398,7 @@ def write_interventions(
         write_json(out / "config.json", {**config, "environment": environment()})
     write_json(out / "summary.json", summary)
     frame.to_parquet(out / "interventions.parquet", index=False)
-    intervention_figure(frame, out / "interventions.png", title)
+    plots.intervention_effects(frame, out / "interventions.png", title)
     metric = frame["metric"].iloc[0]
     headline = [c for c in frame.columns if c.endswith(("_mad", "_mae"))]
     columns = ["layer", "intervention", "size", metric, "delta", "se", *headline]
@@ -413,33 +410,3 @@ def write_interventions(
         f"{markdown_table(frame[columns])}\n"
     )
     return summary
-
-
-def intervention_figure(frame: pd.DataFrame, path: Path, title: str = "") -> None:
-    """Δmetric per layer: each intervention (solid) beside its control (hatched), ± 2 se."""
-    edits = [name for name in dict.fromkeys(frame["intervention"]) if name != "none"]
-    layers = list(dict.fromkeys(frame["layer"]))
-    fig, ax = plt.subplots(figsize=(max(5.5, 3.5 + 1.2 * len(layers)), 3.6))
-    width = 0.8 / max(1, len(edits))
-    colours = {"equalize-norm": "C0", "shuffle-norm": "C0", "leace": "C1", "leace-shuffled": "C1"}
-    for i, name in enumerate(edits):
-        group = frame[frame["intervention"] == name].set_index("layer").loc[layers]
-        ax.bar(
-            [j + (i - (len(edits) - 1) / 2) * width for j in range(len(layers))],
-            group["delta"],
-            width,
-            yerr=2 * group["se"],
-            capsize=2,
-            color=colours[name],
-            alpha=0.5 if name in CONTROLS else 0.9,
-            hatch="//" if name in CONTROLS else None,
-            label=name,
-        )
-    ax.axhline(0, color="grey", lw=1)
-    ax.set_xticks(range(len(layers)), [str(layer) for layer in layers])
-    ax.set(xlabel="layer", ylabel=f"Δ {frame['metric'].iloc[0]}", title=title or None)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

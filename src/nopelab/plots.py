@@ -324,3 +324,35 @@ def probe_mad_with_reference(
 
 def _series(series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return series.index.to_numpy(), series.to_numpy()
+
+
+CONTROLS = ("shuffle-norm", "leace-shuffled")
+
+
+def intervention_effects(frame: pd.DataFrame, path: Path, title: str = "") -> None:
+    """Δmetric per layer: each intervention (solid) beside its control (hatched), ± 2 se."""
+    edits = [name for name in dict.fromkeys(frame["intervention"]) if name != "none"]
+    layers = list(dict.fromkeys(frame["layer"]))
+    fig, ax = plt.subplots(figsize=(max(5.5, 3.5 + 1.2 * len(layers)), 3.6))
+    width = 0.8 / max(1, len(edits))
+    colours = {"equalize-norm": "C0", "shuffle-norm": "C0", "leace": "C1", "leace-shuffled": "C1"}
+    for i, name in enumerate(edits):
+        group = frame[frame["intervention"] == name].set_index("layer").loc[layers]
+        ax.bar(
+            [j + (i - (len(edits) - 1) / 2) * width for j in range(len(layers))],
+            group["delta"],
+            width,
+            yerr=2 * group["se"],
+            capsize=2,
+            color=colours[name],
+            alpha=0.5 if name in CONTROLS else 0.9,
+            hatch="//" if name in CONTROLS else None,
+            label=name,
+        )
+    ax.axhline(0, color="grey", lw=1)
+    ax.set_xticks(range(len(layers)), [str(layer) for layer in layers])
+    ax.set(xlabel="layer", ylabel=f"Δ {frame['metric'].iloc[0]}", title=title or None)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    _save(fig, path)
