@@ -10,7 +10,8 @@ Four kinds (:data:`~nopelab.config.PROBES`):
   scored by mean absolute error (MAE) and Pearson r.
 
 All seeds of a probe train at once as one batched ensemble (``torch.bmm``), each member on its
-own split of sequences. Splits are by whole sequences, so no test token's sequence was seen in
+own split of sequences, stopping early on a tenth of its training sequences (the weights of
+the best validation epoch are kept, so a probe that overfits is not scored at its worst). Splits are by whole sequences, so no test token's sequence was seen in
 training. The baseline predicts the middle (the training median), whatever the features.
 """
 
@@ -86,7 +87,7 @@ def fit_probe(
     else:
         classes = T if kind.endswith("cls") else None
         hidden = cfg.hidden if kind.startswith("mlp") else None
-        predict = _train_ensemble(flat, y, mean, std, train, classes, hidden, cfg, seed, device)
+        predict = _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, device)
     predictions = predict(test)  # (E, n_test)
     results = []
     for e in range(len(splits)):
@@ -208,9 +209,16 @@ class Ensemble(nn.Module):
         return x
 
 
-def _train_ensemble(flat, y, mean, std, train, classes, hidden, cfg, seed, device):
-    """Minibatch AdamW on every member at once; each member shuffles its own tokens."""
-    E, n_train = train.shape
+def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, device):
+    """Minibatch AdamW on every member at once; each member shuffles its own tokens.
+
+    With at least 5 training sequences, the last tenth of each member's training sequences is
+    held out for early stopping: every member keeps the weights of its best validation epoch.
+    """
+    E = train.shape[0]
+    n_val = (train.shape[1] // T) // 10 * T
+    train, val = train[:, : train.shape[1] - n_val], train[:, train.shape[1] - n_val :]
+    n_train = train.shape[1]
     generator = _gen(seed)
     model = Ensemble(E, flat.shape[1], classes or 1, hidden, generator).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
@@ -225,21 +233,35 @@ def _train_ensemble(flat, y, mean, std, train, classes, hidden, cfg, seed, devic
         x = flat[tokens.reshape(-1)].float().reshape(*tokens.shape, -1).to(device)
         return (x - mean) / std
 
-    model.train()
+    def losses(tokens: Tensor) -> Tensor:  # (E,) summed over each member's tokens
+        out, target = model(inputs(tokens)), y[tokens].to(device)
+        if classes:
+            return F.cross_entropy(out.transpose(1, 2), target, reduction="none").sum(1)
+        z = (target.float() - y_mean) / y_std
+        return (out.squeeze(-1) - z).square().sum(1)
+
+    best_loss = torch.full((E,), float("inf"), device=device)
+    best = [p.detach().clone() for p in model.parameters()]
     for _ in range(cfg.epochs):
+        model.train()
         order = train.gather(1, torch.rand(E, n_train, generator=generator).argsort(dim=1))
         for start in range(0, n_train, cfg.batch_size):
             tokens = order[:, start : start + cfg.batch_size]
-            out = model(inputs(tokens))
-            target = y[tokens].to(device)
-            if classes:
-                loss = F.cross_entropy(out.flatten(0, 1), target.flatten(), reduction="sum")
-            else:
-                z = (target.float() - y_mean) / y_std
-                loss = F.mse_loss(out.squeeze(-1), z, reduction="sum")
             optimizer.zero_grad(set_to_none=True)
-            (loss / tokens.shape[1]).backward()  # each member's own mean loss
+            (losses(tokens).sum() / tokens.shape[1]).backward()  # each member's own mean loss
             optimizer.step()
+        if n_val:
+            model.eval()
+            with torch.no_grad():
+                loss = sum(losses(val[:, i : i + 4096]) for i in range(0, n_val, 4096))
+                better = loss < best_loss
+                best_loss = torch.where(better, loss, best_loss)
+                for kept, p in zip(best, model.parameters(), strict=True):
+                    kept[better] = p[better]
+    if n_val:
+        with torch.no_grad():
+            for kept, p in zip(best, model.parameters(), strict=True):
+                p.copy_(kept)
     model.eval()
 
     @torch.no_grad()
