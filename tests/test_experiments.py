@@ -96,3 +96,75 @@ def test_chi2023_pretrained_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert "does the variance shrinkage survive training" in (out / "summary.md").read_text()
     assert (out / "variance.png").stat().st_size > 0
     assert (out / "runs" / "lm-none" / "tokenizer.json").is_file()
+
+
+def test_haviv2022_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "haviv"
+    reproduce(["haviv2022", "--out", str(out)], monkeypatch)
+    ppl = pd.read_parquet(out / "perplexity.parquet").set_index("pos_encoding")
+    assert list(ppl.index) == ["none", "learned", "sinusoidal", "alibi"]
+    assert (ppl["perplexity"] < 256).all()  # 20 steps beat the uniform byte model
+    probes = pd.read_parquet(out / "probes.parquet")
+    assert set(probes["probe"]) == {"linear-cls", "mlp-cls"}
+    assert sorted(probes["layer"].unique()) == [0, 1, 2]  # embed, then each block's output
+    assert (probes["seeds"] >= 3).all() and probes["mad_std"].notna().all()
+    T = 32
+    assert probes["random_baseline"].eq((T * T - 1) / (3 * T)).all()
+    assert probes["baseline"].between(0.2 * T, 0.3 * T).all()  # predict the middle: ≈ T/4
+    embed = probes[probes["layer"] == 0].set_index(["pos_encoding", "probe"])["mad"]
+    # input-level encodings put position into the embedding; NoPE and ALiBi cannot
+    for pe in ("learned", "sinusoidal"):
+        assert embed[pe].max() < 0.25 * T / 4
+    for pe in ("none", "alibi"):
+        assert embed[pe].min() > 0.8 * T / 4
+    published = pd.read_parquet(out / "published.parquet")
+    nope = published[published["pos_encoding"] == "none"].set_index("layer")["mad"]
+    assert nope[6] == 16.5 and nope.idxmin() == 6
+    text = (out / "summary.md").read_text()
+    assert "341.33" in text and "shape" in text.lower() and "| none | linear-cls |" in text
+    assert (out / "probes.png").stat().st_size > 0
+    assert (out / "runs" / "lm-alibi" / "model.safetensors").is_file()
+
+
+def test_chi2023_probes_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "chi"
+    reproduce(["chi2023", "--out", str(out)], monkeypatch)
+    probes = pd.read_parquet(out / "probes.parquet")
+    T, L = 64, 3
+    for _, rows in probes.groupby(["site", "features"]):
+        assert sorted(rows["layer"]) == list(range(1, L + 1))  # one probe row per layer
+    assert set(probes.groupby(["site", "features"]).groups) == {
+        (site, features) for site in ("resid_post", "attn_out") for features in ("raw", "variance")
+    }
+    assert (probes["probe"] == "mlp-reg").all()
+    assert probes["baseline"].between(0.9 * T / 4, 1.1 * T / 4).all()  # predict the middle
+    assert (probes["seeds"] >= 3).all() and probes[["mae_std", "r"]].notna().all().all()
+    text = (out / "summary.md").read_text()
+    assert "Position probes on the frozen random model" in text and "T/4 = 16" in text
+    assert "beats the baseline" in text
+    assert (out / "probes.png").stat().st_size > 0
+
+
+def test_zuo2025_probes_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "zuo-probes"
+    reproduce(["zuo2025", "--part", "probes", "--out", str(out)], monkeypatch)
+    probes = pd.read_parquet(out / "probes.parquet")
+    assert set(probes["model"]) == {"random-init", "add", "reverse", "order", "wherex"}
+    assert set(probes["target"]) == {"position", "distance"}
+    assert set(probes["features"]) == {
+        "raw", "norm", "variance", "cos_last", "cos_row", "norm+cos_last"
+    }  # fmt: skip
+    assert (probes["site"] == "attn_out").all() and (probes["split"] == "vocab").all()
+    assert len(probes) == 5 * 2 * 6 * 2  # models x targets x features x layers
+    assert (probes["seeds"] >= 3).all() and probes["baseline"].between(10, 14).all()  # T/4 = 12
+    # at random init the attention output's similarity to other tokens carries position, on
+    # tokens the probe never saw (Zuo et al.)
+    random = probes[(probes["model"] == "random-init") & (probes["target"] == "position")]
+    best = random.groupby("features")["mae"].min()
+    assert best["cos_last"] < 0.8 * 12 and best["cos_row"] < 0.7 * 12
+    verdict = pd.read_parquet(out / "verdict.parquet")
+    assert len(verdict) == 5 * 2 * 2
+    assert set(verdict["winner"]) <= {"variance", "norm", "similarity"}
+    text = (out / "summary.md").read_text()
+    assert "## Verdict" in text and "Overall:" in text
+    assert (out / "probes.png").stat().st_size > 0

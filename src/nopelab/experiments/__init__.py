@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nopelab.experiments import chi2023, chi2023_pretrained, zuo2025, zuo2025_trained
+from nopelab.experiments import (
+    chi2023,
+    chi2023_pretrained,
+    haviv2022,
+    zuo2025,
+    zuo2025_probes,
+    zuo2025_trained,
+)
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,12 @@ EXPERIMENTS = {
         {
             "random-init": Part(zuo2025.settings, zuo2025.run),
             "trained": Part(zuo2025_trained.settings, zuo2025_trained.run),
+            "probes": Part(zuo2025_probes.settings, zuo2025_probes.run),
         },
         "random-init",
+    ),
+    "haviv2022": Experiment(
+        {"pretrained": Part(haviv2022.settings, haviv2022.run)},
+        "pretrained",
     ),
 }

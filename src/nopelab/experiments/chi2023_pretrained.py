@@ -16,8 +16,8 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.analysis import resolve_device
-from nopelab.config import AnalysisConfig, CorpusConfig, ModelConfig, TrainConfig
-from nopelab.experiments.trained import Trained, train_and_analyze
+from nopelab.config import AnalysisConfig
+from nopelab.experiments.trained import Trained, lm_runs, perplexity_row, train_and_analyze
 from nopelab.report import markdown_table, positions_table
 from nopelab.rundir import write_json
 from nopelab.train import TrainRun
@@ -53,28 +53,9 @@ class Settings:
 def settings(scale: str, seed: int, device: str) -> Settings:
     s = SCALES[scale]
     resolve_device(device)
-    seq_len = s["train"]["seq_len"]
-    train_cfg = TrainConfig(
-        **s["train"],
-        eval_every=max(1, s["train"]["steps"] // 4),
-        checkpoint_every=s["train"]["steps"],
-        seed=seed,
-        device=device,
-    )
-    runs = {
-        pe: TrainRun(
-            # the table reaches 4x the training length so every model is evaluated there too;
-            # learned positions beyond the training length are never trained
-            model=ModelConfig(
-                **s["model"], vocab_size=256, max_seq_len=4 * seq_len, pos_encoding=pe
-            ),
-            train=train_cfg,
-            corpus=CorpusConfig(source="default", tokenizer="byte"),
-        )
-        for pe in POS_ENCODINGS
-    }
+    runs = lm_runs(POS_ENCODINGS, s["model"], s["train"], seed, device)
     analysis = AnalysisConfig(
-        seq_len=seq_len,
+        seq_len=s["train"]["seq_len"],
         samples=s["samples"],
         batch_size=min(s["samples"], 16),
         input="data",
@@ -115,16 +96,7 @@ def run(settings: Settings, out: Path) -> None:
     for pe, train_run in settings.runs.items():
         result = train_and_analyze(f"lm-{pe}", train_run, settings.analysis, out)
         ratios += _layer_ratios(pe, result)
-        final = result.summary["final_eval"]
-        perplexity.append(
-            {
-                "pos_encoding": pe,
-                "perplexity": final.get("perplexity"),
-                "perplexity_2x": final.get("perplexity_2x"),
-                "perplexity_4x": final.get("perplexity_4x"),
-                "tokens_per_second": result.summary["tokens_per_second"],
-            }
-        )
+        perplexity.append(perplexity_row(result.summary, pos_encoding=pe))
         if pe == "none":
             for state, capture in (("init", result.init), ("trained", result.trained)):
                 table = positions_table(capture)

@@ -1,0 +1,305 @@
+"""Zuo et al. 2025, probes: does variance or cosine similarity carry position better?
+
+Following Zuo et al., MLP probes (d → 64 → ReLU → 1, MSE) read position from the attention
+output (heads concatenated, after the projection, before the residual add) of a causal NoPE
+model, each probe seeing one feature set: the raw vector, its norm, its variance over
+coordinates (Chi et al.'s signal), its cosine similarity to the last token, its sorted cosine
+row (Zuo et al.'s signal), and norm + cosine-to-last together. Targets: absolute position and
+distance to the last token. Inputs are sequences of uniformly random digits: the probes train
+on sequences drawn from one half of the ten digits and are tested on sequences from the other
+half (Zuo et al. train on 5-8 and test on 1-4). Digits, because a task model has only learned
+embeddings for the characters its task uses; most of the 96-character vocabulary never occurs
+in training, and such tokens all collapse to nearly the same vector. Probed models: the random-init model and the NoPE
+model trained on each task (``add``, ``reverse``, ``order``, ``wherex``; the same training
+as ``zuo2025 --part trained``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from nopelab import plots, signals, tasks
+from nopelab.analysis import build_model, resolve_device
+from nopelab.config import AnalysisConfig, ProbeConfig
+from nopelab.experiments import zuo2025_trained
+from nopelab.experiments.trained import train_into
+from nopelab.model import Transformer
+from nopelab.probing import probe_model, vocab_halves
+from nopelab.report import markdown_table
+from nopelab.rundir import write_json
+from nopelab.train import TrainRun, load_trained
+
+FEATURES = ("raw", "norm", "variance", "cos_last", "cos_row", "norm+cos_last")
+TARGETS = ("position", "distance")
+SITE = "attn_out"
+RANDOM = "random-init"
+PROBE_SCALES = {  # probe inputs per model and target: sequences of uniformly random digits
+    "smoke": dict(samples=40, epochs=8),
+    "small": dict(samples=64, epochs=20),
+    "paper": dict(samples=256, epochs=20),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    runs: dict[str, TrainRun]  # task -> NoPE training run
+    analysis: AnalysisConfig
+    probes: dict[str, ProbeConfig]  # target -> probe settings
+
+
+def settings(scale: str, seed: int, device: str) -> Settings:
+    trained = zuo2025_trained.settings(scale, seed, device)
+    resolve_device(device)
+    runs = {task: run for (task, pe), run in trained.runs.items() if pe == "none"}
+    p = PROBE_SCALES[scale]
+    analysis = AnalysisConfig(
+        seq_len=trained.analysis.seq_len,
+        samples=p["samples"],
+        batch_size=min(p["samples"], 32),
+        input="tokens",
+        sites=(SITE,),
+        seed=seed,
+        device=device,
+    )
+    probes = {
+        target: ProbeConfig(
+            probes=("mlp-reg",),
+            features=FEATURES,
+            target=target,
+            split="vocab",
+            seeds=3,
+            hidden=64,
+            epochs=p["epochs"],
+            batch_size=128,
+        )
+        for target in TARGETS
+    }
+    return Settings(runs, analysis, probes)
+
+
+def restrict_vocab(model: Transformer, ids: list[int]) -> Transformer:
+    """The same model over the tokens ``ids`` only (token i of the new model is ``ids[i]``):
+    every weight is shared except the embedding, which keeps just those rows. Its activations on
+    a sequence are the original model's on the mapped sequence; the vocabulary split of
+    :func:`~nopelab.probing.probe_model` then splits ``ids``."""
+    cfg = dataclasses.replace(model.cfg, vocab_size=len(ids))
+    state = dict(model.state_dict())
+    for name in ("embed.weight", "lm_head.weight"):  # the same tensor when tied
+        state[name] = state[name][ids]
+    restricted = Transformer(cfg)
+    restricted.load_state_dict(state)
+    return restricted.eval()
+
+
+DIGIT_IDS = tasks.encode(tasks.DIGITS)
+
+
+def _probe(model: Transformer, settings: Settings, label: str, state: str) -> list[dict]:
+    model = restrict_vocab(model, DIGIT_IDS)
+    rows = []
+    for target, probe in settings.probes.items():
+        rows += probe_model(
+            model,
+            settings.analysis,
+            probe,
+            description=f"{label} {target}",
+            labels={"model": label, "state": state},
+        )
+    return rows
+
+
+def verdict_table(probes: pd.DataFrame) -> pd.DataFrame:
+    """Per target, model and layer: each signal's best MAE, the winner and whether it is
+    decisive (ahead of the runner-up by more than the sum of their seed stds)."""
+    frames = []
+    for target in TARGETS:
+        rows = probes[probes["target"] == target].to_dict(orient="records")
+        if rows:
+            frames.append(signals.verdict(rows).assign(target=target))
+    table = pd.concat(frames, ignore_index=True)
+    first = ["target", "model", "layer"]
+    return table[first + [c for c in table.columns if c not in (*first, "state", "site")]]
+
+
+def _cell(mae: float, std: float, r: float) -> str:
+    return f"{mae:.3g} ± {std:.2g} (r {r:.2f})"
+
+
+def probe_table(probes: pd.DataFrame, target: str) -> pd.DataFrame:
+    """Rows (model, features), columns per layer: MAE ± std (Pearson r), and the baseline."""
+    rows = probes[probes["target"] == target]
+    cells = rows.assign(
+        cell=[
+            _cell(m, s, r) for m, s, r in zip(rows["mae"], rows["mae_std"], rows["r"], strict=True)
+        ]
+    )
+    models = list(dict.fromkeys(rows["model"]))
+    table = (
+        cells.pivot(index=["model", "features"], columns="layer", values="cell")
+        .reindex(pd.MultiIndex.from_product([models, FEATURES]))
+        .rename_axis(["model", "features"])
+    )
+    table.columns = [f"L{c}" for c in table.columns]
+    table["baseline"] = rows.groupby(["model", "features"])["baseline"].mean().round(2)
+    return table.reset_index()
+
+
+def _readable_verdict(table: pd.DataFrame) -> pd.DataFrame:
+    def entry(row: pd.Series) -> str:
+        mark = "" if row["decisive"] else " (not decisive)"
+        return f"{row['winner']}{mark}"
+
+    frame = table.assign(cell=table.apply(entry, axis=1))
+    out = frame.pivot(index=["target", "model"], columns="layer", values="cell")
+    out.columns = [f"L{c}" for c in out.columns]
+    return (
+        out.reindex(pd.MultiIndex.from_product([TARGETS, list(dict.fromkeys(table["model"]))]))
+        .rename_axis(["target", "model"])
+        .reset_index()
+    )
+
+
+def tally(table: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """How often each signal wins, decisively and in all, over (target, model, layer)."""
+    return {
+        signal: {
+            "decisive": int(((table["winner"] == signal) & table["decisive"]).sum()),
+            "all": int((table["winner"] == signal).sum()),
+        }
+        for signal in signals.SIGNALS
+    }
+
+
+def verdict_text(table: pd.DataFrame) -> str:
+    """A few sentences from the tally: which signal wins where, and how clearly."""
+    counts = tally(table)
+    total = len(table)
+    parts = [f"{signal} {c['all']} ({c['decisive']} decisive)" for signal, c in counts.items()]
+    lines = [
+        f"Lowest probe MAE among the single signals, over {total} (target, model, layer) cells: "
+        + ", ".join(parts)
+        + "."
+    ]
+    for model, group in table[table["target"] == "position"].groupby("model", sort=False):
+        wins = [
+            f"L{row.layer} {row.winner}{'' if row.decisive else '?'}" for row in group.itertuples()
+        ]
+        lines.append(f"- {model} (position): " + ", ".join(wins))
+    similarity = counts["similarity"]["decisive"]
+    variance_like = counts["variance"]["decisive"] + counts["norm"]["decisive"]
+    if similarity > 2 * variance_like:
+        overall = (
+            "Cosine similarity carries position better than variance/norm in most cells, "
+            "as Zuo et al. report."
+        )
+    elif variance_like > 2 * similarity:
+        overall = (
+            "Variance/norm carries position better than cosine similarity in most cells, "
+            "against Zuo et al.'s finding."
+        )
+    else:
+        overall = (
+            "Neither signal dominates: the winner depends on the model and the layer "
+            "(see the table)."
+        )
+    lines.append("")
+    lines.append(f"Overall: {overall} (`?` marks a win within the seed spread.)")
+    lines.append(
+        "A winner is only the least bad of the three: compare its MAE with the baseline in the "
+        "tables below. A probe near (or above) the baseline found no position that transfers "
+        "to the held-out tokens."
+    )
+    return "\n".join(lines)
+
+
+def run(settings: Settings, out: Path) -> None:
+    first = next(iter(settings.runs.values()))
+    # every task's model starts from the same weights (same config, same seed)
+    rows = _probe(build_model(first.model, first.train.seed), settings, RANDOM, "init")
+    accuracy = []
+    for task, train_run in settings.runs.items():
+        folder, summary = train_into(f"{task}-none", train_run, out)
+        accuracy.append({"task": task, "accuracy": summary["final_eval"]["accuracy"]})
+        rows += _probe(load_trained(folder)[1], settings, task, "trained")
+
+    probes = pd.DataFrame(rows)
+    probes.to_parquet(out / "probes.parquet", index=False)
+    verdict = verdict_table(probes)
+    verdict.to_parquet(out / "verdict.parquet", index=False)
+    write_json(
+        out / "summary.json",
+        {
+            "accuracy": accuracy,
+            "rows": rows,
+            "verdict": verdict.to_dict(orient="records"),
+            "tally": tally(verdict),
+        },
+    )
+    plots.probe_errors(
+        probes.assign(panel=probes["model"] + ", " + probes["target"]),
+        out / "probes.png",
+        panel="panel",
+        line="features",
+        title=f"Zuo et al. 2025: position probes at {SITE} (held-out tokens)",
+    )
+    m, t, a = first.model, first.train, settings.analysis
+    p = settings.probes["position"]
+    train_ids, test_ids = vocab_halves(len(DIGIT_IDS), a.seed)
+    halves = (
+        f"train on {''.join(tasks.DIGITS[i] for i in train_ids)}, "
+        f"test on {''.join(tasks.DIGITS[i] for i in test_ids)}"
+    )
+    accuracies = ", ".join(f"{row['task']} {row['accuracy']:.3f}" for row in accuracy)
+    (out / "summary.md").write_text(
+        f"""# Zuo et al. 2025 — variance or similarity: which carries position?
+
+Probes at `{SITE}` (attention output, heads concatenated, before the residual add) of causal
+NoPE models: pre-LN, d = {m.d_model}, {m.n_heads} heads, {m.n_layers} layers, no biases, tied
+embeddings; `{RANDOM}` is the model at its normal(0.02) initialisation (the starting point of
+every task model), the others are trained for {t.steps} steps on one task each (as in
+`zuo2025 --part trained`; seed {t.seed}).
+
+Probe: MLP d → {p.hidden} → ReLU → 1, MSE, AdamW lr {p.lr:g}, batch {p.batch_size}, {p.epochs}
+epochs, on {a.samples} sequences of {a.seq_len} uniformly random digits; sequences for training
+are drawn from one half of the ten digits and the {p.test_fraction:.0%} test sequences from the
+other half (Zuo et al.'s held-out-token split: they train on 5-8 and test on 1-4; our halves
+are drawn at random: {halves}). Digits, because a task model has learned embeddings only for
+the characters its task uses. Mean ± std over {p.seeds} probe seeds (the split
+is fixed; seeds change the probe's initialisation and batches). `baseline`: predicting the
+middle (≈ T/4 = {a.seq_len / 4:g}). Features: `raw` (the vector), `norm` (log ‖h‖),
+`variance` (log variance over coordinates; Chi et al.), `cos_last` (cosine to the last token;
+Zuo et al.), `cos_row` (the token's sorted cosine row), `norm+cos_last`.
+
+Task accuracy of the trained models (exact match): {accuracies}.
+
+## Verdict
+
+{verdict_text(verdict)}
+
+Per layer, the single signal with the lowest MAE (variance, norm, or similarity = the better
+of `cos_last` and `cos_row`); "not decisive" when it leads the runner-up by less than the sum of
+their seed stds:
+
+{markdown_table(_readable_verdict(verdict))}
+
+With sequences of one fixed length, distance to the last token is T − 1 − position: the two
+targets hold the same information and differ only by probe-training noise.
+
+## Target: position — MAE ± std (Pearson r) per layer
+
+{markdown_table(probe_table(probes, "position"))}
+
+## Target: distance to the last token
+
+{markdown_table(probe_table(probes, "distance"))}
+
+Figure: `probes.png` (MAE per layer, a line per feature set, a panel per model and target,
+baseline dashed). Tables: `probes.parquet` (every fit: MAE, r, baseline, seed stds),
+`verdict.parquet` (per target, model and layer: each signal's best MAE, winner, decisive),
+`summary.json`; the trained runs under `runs/TASK-none/`.
+"""
+    )
