@@ -889,10 +889,13 @@ def intervene(
 
 @app.command()
 def reproduce(
-    paper: Annotated[str, typer.Argument(help="chi2023 | zuo2025")],
+    paper: Annotated[str, typer.Argument(help="chi2023 | zuo2025 | haviv2022")],
     part: Annotated[
         str | None,
-        typer.Option(help="chi2023: random-init | pretrained; zuo2025: random-init | trained"),
+        typer.Option(
+            help="chi2023: random-init | pretrained; zuo2025: random-init | trained | probes; "
+            "haviv2022: pretrained"
+        ),
     ] = None,
     scale: Annotated[
         str, typer.Option(help="smoke | small | paper (paper: full sizes, GPU advised)")
