@@ -11,6 +11,7 @@ attention output) the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,14 +72,8 @@ def settings(scale: str, seed: int, device: str) -> Settings:
         device=device,
     )
     p = PROBE_SCALES[scale]
-    probe_analysis = AnalysisConfig(
-        seq_len=s["seq_len"],
-        samples=p["samples"],
-        batch_size=s["batch_size"],
-        input="random",
-        sites=PROBE_SITES,
-        seed=seed,
-        device=device,
+    probe_analysis = dataclasses.replace(
+        analysis, samples=p["samples"], sites=PROBE_SITES, attn_entropy=False
     )
     probe = ProbeConfig(probes=("mlp-reg",), features=PROBE_FEATURES, seeds=3, epochs=p["epochs"])
     return Settings(RunConfig(model, analysis), probe_analysis, probe)
