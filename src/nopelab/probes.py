@@ -11,8 +11,10 @@ Four kinds (:data:`~nopelab.config.PROBES`):
 
 All seeds of a probe train at once as one batched ensemble (``torch.bmm``), each member on its
 own split of sequences, stopping early on a tenth of its training sequences (the weights of
-the best validation epoch are kept, so a probe that overfits is not scored at its worst). Splits are by whole sequences, so no test token's sequence was seen in
-training. The baseline predicts the middle (the training median), whatever the features.
+the best validation epoch are kept, so a probe that overfits is not scored at its worst).
+Splits are by whole sequences, so no test token's sequence was seen in training. Regression
+predictions are clipped to the range of positions seen in training. The baseline predicts the
+middle (the training median), whatever the features.
 """
 
 from __future__ import annotations
@@ -94,7 +96,8 @@ def fit_probe(
         truth = y[test[e]].double()
         middle = y[train[e]].double().median()
         row = {"baseline": float((truth - middle).abs().mean())}
-        pred = predictions[e].double()
+        seen = y[train[e]].double()
+        pred = predictions[e].double().clamp(seen.min(), seen.max())  # positions are bounded
         if kind.endswith("cls"):
             row["mad"] = float((pred - truth).abs().mean())
             row["accuracy"] = float((pred == truth).double().mean())
