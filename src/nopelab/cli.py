@@ -843,7 +843,7 @@ def intervene(
         read_config_file,
     )
     from nopelab.interventions import run_interventions, write_interventions
-    from nopelab.rundir import check_out, default_out, staged_run
+    from nopelab.rundir import default_out, staged_run
     from nopelab.train import read_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
@@ -874,7 +874,6 @@ def intervene(
     if eval_samples < 1:
         raise UserError(f"--eval-samples: must be >= 1, got {eval_samples}")
     out = out or default_out(f"intervene-{run_dir.name}")
-    check_out(out, force)
     with staged_run(out, force) as staging:
         rows = run_interventions(run_dir, cfg, probe_cfg, analysis, eval_samples=eval_samples)
         config_dict = {

@@ -40,6 +40,20 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(name, f"unknown value {value!r}; allowed: {', '.join(allowed)}")
 
 
+def _choices(name: str, values: tuple, allowed: tuple[str, ...]) -> None:
+    """A non-empty list whose every item is one of ``allowed``."""
+    if not values:
+        raise ConfigError(name, f"needs at least one of: {', '.join(allowed)}")
+    for value in values:
+        _choice(name, value, allowed)
+
+
+def _layer_numbers(name: str, values: tuple) -> None:
+    for layer in values:
+        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+            raise ConfigError(name, f"expected layer numbers >= 0, got {layer!r}")
+
+
 def _positive(name: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(name, f"must be > 0, got {value!r}")
@@ -160,10 +174,7 @@ class AnalysisConfig:
             )
         _choice("input", self.input, INPUTS)
         _choice("dtype", self.dtype, DTYPES)
-        if not self.sites:
-            raise ConfigError("sites", f"needs at least one of: {', '.join(SITES)}")
-        for site in self.sites:
-            _choice("sites", site, SITES)
+        _choices("sites", self.sites, SITES)
         _check_device(self.device)
 
     def check_model(self, model: ModelConfig) -> None:
@@ -365,13 +376,8 @@ class ProbeConfig:
             _positive(name, getattr(self, name))
         if not 0 < self.test_fraction < 1:
             raise ConfigError("test_fraction", f"must be in (0, 1), got {self.test_fraction!r}")
-        for layer in self.layers:
-            if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-                raise ConfigError("layers", f"expected layer numbers >= 0, got {layer!r}")
-        if not self.probes:
-            raise ConfigError("probes", f"needs at least one of: {', '.join(PROBES)}")
-        for probe in self.probes:
-            _choice("probes", probe, PROBES)
+        _layer_numbers("layers", self.layers)
+        _choices("probes", self.probes, PROBES)
         if not self.features:
             raise ConfigError("features", f"needs at least one of: {', '.join(FEATURES)}")
         for combination in self.features:
@@ -410,11 +416,6 @@ class InterventionConfig:
         _check_types(self)
         _choice("site", self.site, SITES)
         _positive("fit_samples", self.fit_samples)
-        for layer in self.layers:
-            if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-                raise ConfigError("layers", f"expected layer numbers >= 0, got {layer!r}")
-        if not self.interventions:
-            raise ConfigError("interventions", f"needs at least one of: {', '.join(INTERVENTIONS)}")
-        for name in self.interventions:
-            _choice("interventions", name, INTERVENTIONS)
+        _layer_numbers("layers", self.layers)
+        _choices("interventions", self.interventions, INTERVENTIONS)
         _choice("concept", self.concept, CONCEPTS)

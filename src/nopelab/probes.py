@@ -48,13 +48,19 @@ class Split:
     test: Tensor
 
 
-def sequence_splits(n_seq: int, test_fraction: float, seeds: int, seed: int) -> list[Split]:
-    """One random held-out-sequences split per seed; every split has the same sizes."""
+def test_count(n_seq: int, test_fraction: float) -> int:
+    """How many of ``n_seq`` sequences to hold out; at least 1, and 2 must be left to train."""
     n_test = max(1, round(n_seq * test_fraction))
     if n_seq - n_test < 2:
         raise UserError(
             f"samples: {n_seq} sequences leave fewer than 2 for training; use more --samples"
         )
+    return n_test
+
+
+def sequence_splits(n_seq: int, test_fraction: float, seeds: int, seed: int) -> list[Split]:
+    """One random held-out-sequences split per seed; every split has the same sizes."""
+    n_test = test_count(n_seq, test_fraction)
     splits = []
     for s in range(seeds):
         order = torch.randperm(n_seq, generator=torch.Generator().manual_seed(seed + 1000 * s))

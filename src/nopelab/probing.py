@@ -25,6 +25,7 @@ from nopelab.probes import (
     position_targets,
     sequence_splits,
     summarize,
+    test_count,
 )
 
 if TYPE_CHECKING:
@@ -94,9 +95,7 @@ def collect_for_probes(
             splits = sequence_splits(n, probe.test_fraction, probe.seeds, analysis.seed)
             batches = input_batches(model.cfg, analysis, source)
         else:
-            n_test = max(1, round(n * probe.test_fraction))
-            if n - n_test < 2:
-                raise ConfigError("samples", f"{n} sequences leave fewer than 2 for training")
+            n_test = test_count(n, probe.test_fraction)
             train_ids, test_ids = vocab_halves(model.cfg.vocab_size, analysis.seed)
             generator = torch.Generator().manual_seed(analysis.seed + 1)
             T, B = analysis.seq_len, analysis.batch_size
