@@ -2,19 +2,22 @@
 
 Sites: ``embed`` (layer 0, the input to the first block) and, for blocks 1..L, ``attn_out``
 (attention output after the projection, before the residual add), ``resid_mid``, ``mlp_out``
-and ``resid_post``. :class:`StreamingCapture` attaches a :class:`~nopelab.stats.SiteStats` to each
-chosen site; every forward pass inside the ``with`` block folds its batch into them.
+and ``resid_post``. :func:`observe` hooks them on a native model or on a Hugging Face model
+(:class:`nopelab.hf.sites.HFModel`, which maps them per architecture).
+:class:`StreamingCapture` attaches a :class:`~nopelab.stats.SiteStats` to each chosen site; every
+forward pass inside the ``with`` block folds its batch into them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from nopelab.config import BLOCK_SITES, SITES
+from nopelab.errors import ConfigError
 from nopelab.model import Transformer
 from nopelab.stats import AttentionResult, AttentionStats, SiteResult, SiteStats
 
@@ -35,6 +38,28 @@ def site_modules(model: Transformer, sites: Iterable[str] = SITES) -> dict[SiteK
     return dict(sorted(modules.items(), key=lambda item: (item[0][1], SITES.index(item[0][0]))))
 
 
+def site_keys(model: nn.Module, sites: Iterable[str] = SITES) -> list[SiteKey]:
+    """Every (site, layer) of ``model`` for the requested sites, in model order."""
+    if hasattr(model, "site_keys"):  # a Hugging Face model
+        return model.site_keys(sites)
+    return list(site_modules(model, sites))
+
+
+def observe(
+    model: nn.Module, keys: Iterable[SiteKey], fn: Callable[[SiteKey, torch.Tensor], None]
+) -> list[torch.utils.hooks.RemovableHandle]:
+    """Hook ``keys`` so that every forward pass calls ``fn(key, activation)`` with (B, T, d)."""
+    keys = list(keys)
+    if hasattr(model, "observe"):  # a Hugging Face model
+        return model.observe(keys, fn)
+    modules = site_modules(model, {site for site, _ in keys})
+
+    def hook(key: SiteKey):
+        return lambda module, inputs, output: fn(key, output)
+
+    return [modules[key].register_forward_hook(hook(key)) for key in keys]
+
+
 @dataclass(frozen=True)
 class CaptureResult:
     """Everything one analysis reduced: per-site statistics and, if asked, per-layer attention."""
@@ -53,16 +78,20 @@ class StreamingCapture:
 
     def __init__(
         self,
-        model: Transformer,
+        model: nn.Module,
         sites: Iterable[str],
         seq_len: int,
         attn_entropy: bool = False,
         device: torch.device | str = "cpu",
     ):
         self.model = model
-        self.stats = {key: SiteStats(seq_len, device) for key in site_modules(model, sites)}
+        self.stats = {key: SiteStats(seq_len, device) for key in site_keys(model, sites)}
         self.attention: dict[int, AttentionStats] = {}
         if attn_entropy:
+            if not isinstance(model, Transformer):
+                raise ConfigError(
+                    "attn_entropy", "only native nopelab models expose attention logits"
+                )
             causal = not model.cfg.bidirectional
             self.attention = {
                 layer: AttentionStats(seq_len, causal, device)
@@ -71,9 +100,7 @@ class StreamingCapture:
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> StreamingCapture:
-        modules = site_modules(self.model, {site for site, _ in self.stats})
-        for key, stats in self.stats.items():
-            self._handles.append(modules[key].register_forward_hook(_reducer(stats.update)))
+        self._handles += observe(self.model, self.stats, lambda key, h: self.stats[key].update(h))
         for layer, stats in self.attention.items():
             attn = self.model.blocks[layer - 1].attn
             self._handles.append(

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nopelab.capture import SiteKey, site_modules
+from nopelab.capture import SiteKey, observe
 from nopelab.config import feature_names
 from nopelab.model import Transformer
 
@@ -94,17 +94,9 @@ def collect(
     """
     param = next(model.parameters())
     store = Activations(keys, (samples, seq_len, model.cfg.d_model), memory_gb)
-    modules = site_modules(model, {site for site, _ in keys})
     row = 0
     current: dict[SiteKey, Tensor] = {}
-
-    def keep(key: SiteKey):
-        def hook(module, inputs, output: Tensor) -> None:
-            current[key] = output
-
-        return hook
-
-    handles = [modules[key].register_forward_hook(keep(key)) for key in keys]
+    handles = observe(model, keys, current.__setitem__)
     try:
         for batch in batches:
             inputs = {k: v.to(param.device) for k, v in batch.items()}

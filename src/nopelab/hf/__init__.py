@@ -1,0 +1,1 @@
+"""Hugging Face models: loading, capture sites, positional-encoding detection, export."""

@@ -1,0 +1,245 @@
+"""Load a local Hugging Face causal LM (a safetensors folder or a GGUF file) for analysis.
+
+``hf:PATH`` on the command line names either a model folder (``config.json`` plus weights) or a
+``.gguf`` file, which transformers dequantises to float32 (it needs the ``gguf`` package). Every
+check that can fail for a user's reason runs before the weights are read and ends in a one-line
+:class:`~nopelab.errors.ConfigError`: a missing path, a folder that is not a model, remote code
+without ``--trust-remote-code``, an architecture without a site mapping, a model that would not
+fit in the memory available, a GGUF file transformers cannot read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nopelab.config import AnalysisConfig
+from nopelab.corpus import TokenStream, default_corpus, load_text
+from nopelab.errors import ConfigError
+from nopelab.hf.sites import HFModel, architecture
+
+FIELD = "model"
+TAIL = 0.05  # share of the default corpus that nopelab's own LMs never train on
+GGUF_PEAK = 2.5  # peak memory while dequantising, in multiples of the float32 weights
+LOAD_PEAK = 1.5
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """Where a model's files are: its folder and, for GGUF, the file name inside it."""
+
+    folder: Path
+    gguf_file: str | None = None
+
+    @property
+    def extra(self) -> dict[str, str]:
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+
+
+def locate(path: str) -> ModelFiles:
+    """Check that ``path`` is a model folder or a GGUF file."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(FIELD, f"{path} does not exist; give a model folder or a .gguf file")
+    if p.is_file():
+        with p.open("rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ConfigError(
+                    FIELD, f"{path} is not a GGUF file; give a model folder or a .gguf file"
+                )
+        return ModelFiles(p.parent, p.name)
+    if not (p / "config.json").is_file():
+        ggufs = sorted(p.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return locate(str(ggufs[0]))
+        raise ConfigError(
+            FIELD, f"{path} is not a Hugging Face model folder (no config.json, no single .gguf)"
+        )
+    return ModelFiles(p)
+
+
+def read_config(files: ModelFiles, trust_remote_code: bool) -> Any:
+    """The model's transformers config; remote code needs ``trust_remote_code``."""
+    from transformers import AutoConfig
+
+    if files.gguf_file is None:
+        try:
+            raw = json.loads((files.folder / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(FIELD, f"cannot read {files.folder / 'config.json'}: {e}") from None
+        if "auto_map" in raw and not trust_remote_code:
+            raise ConfigError(
+                FIELD,
+                f"{files.folder} runs its own code (auto_map); pass --trust-remote-code only if you trust it",
+            )
+    try:
+        return AutoConfig.from_pretrained(
+            files.folder, trust_remote_code=trust_remote_code, **files.extra
+        )
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise ConfigError(
+            FIELD, f"transformers cannot read {_name(files)}: {_first_line(e)}"
+        ) from None
+
+
+def parameter_count(files: ModelFiles) -> int:
+    """Parameters stored in the model's files, read from their headers (no weights loaded)."""
+    if files.gguf_file:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(files.folder / files.gguf_file)
+        return sum(int(t.n_elements) for t in reader.tensors)
+    from safetensors import safe_open
+
+    total = 0
+    for path in files.folder.glob("*.safetensors"):
+        with safe_open(path, framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                total += int(np.prod(f.get_slice(key).get_shape()))
+    if total == 0:  # other weight formats: assume two bytes per parameter
+        total = sum(p.stat().st_size for p in files.folder.glob("*.bin")) // 2
+    return total
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation (Linux's MemAvailable where present)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_memory(files: ModelFiles) -> int:
+    """Refuse a model whose float32 weights (and loading peak) would not fit; return its size."""
+    params = parameter_count(files)
+    need = params * 4 * (GGUF_PEAK if files.gguf_file else LOAD_PEAK)
+    have = available_memory()
+    if need > have:
+        raise ConfigError(
+            FIELD,
+            f"{_name(files)} has {params / 1e6:.0f} M parameters and needs about {need / 2**30:.1f} GiB "
+            f"to load in float32; {have / 2**30:.1f} GiB is available",
+        )
+    return params
+
+
+def load_model(
+    path: str, trust_remote_code: bool = False, max_layers: int | None = None
+) -> tuple[HFModel, Any | None, ModelFiles]:
+    """The wrapped model (float32, eval mode), its tokenizer (``None`` if it has none) and files."""
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    files = locate(path)
+    config = read_config(files, trust_remote_code)
+    architecture(config.model_type)
+    check_memory(files)
+    transformers.logging.set_verbosity_error()
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(
+            files.folder,
+            dtype=torch.float32,
+            trust_remote_code=trust_remote_code,
+            **files.extra,
+        )
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as e:
+        raise ConfigError(
+            FIELD, f"transformers cannot load {_name(files)}: {_first_line(e)}"
+        ) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            files.folder, trust_remote_code=trust_remote_code, **files.extra
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        tokenizer = None
+    return HFModel(hf.eval(), max_layers, name=str(path)), tokenizer, files
+
+
+class TextWindows:
+    """Random windows of text in the model's own tokens: the default corpus's held-out tail
+    (the share nopelab's own LMs never train on), or all of a user's text."""
+
+    vocab_size: int
+
+    def __init__(self, tokenizer: Any, text: str = "default"):
+        if text == "default":
+            corpus = default_corpus()
+            body = corpus[-int(len(corpus) * TAIL) :]
+        else:
+            body = load_text(text)
+        ids = np.asarray(tokenizer(body, add_special_tokens=False)["input_ids"], dtype=np.int64)
+        self.vocab_size = len(tokenizer)
+        self.stream = TokenStream(ids[:0], ids)
+
+    def held_out(self, batch_size: int, seq_len: int, generator: torch.Generator) -> Tensor:
+        return self.stream.batch("val", batch_size, seq_len, generator)[0]
+
+    def windows(self, seq_len: int, count: int) -> tuple[Tensor, Tensor]:
+        """``count`` consecutive non-overlapping windows (x, y) for measuring loss."""
+        pairs = list(self.stream.eval_windows("val", seq_len, count))
+        return torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+
+
+@dataclass(frozen=True)
+class HFRun:
+    """A Hugging Face model and an analysis: what a run directory's ``config.json`` holds."""
+
+    model: dict[str, Any]
+    analysis: AnalysisConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "analysis": dataclasses.asdict(self.analysis)}
+
+
+def load_run(
+    path: str,
+    analysis: AnalysisConfig,
+    text: str = "default",
+    max_layers: int | None = None,
+    trust_remote_code: bool = False,
+) -> tuple[HFRun, HFModel, TextWindows | None]:
+    """Everything ``nopelab analyze hf:PATH`` needs: settings record, model, text source."""
+    model, tokenizer, files = load_model(path, trust_remote_code, max_layers)
+    limit = getattr(model.hf.config, "max_position_embeddings", None) or getattr(
+        model.hf.config, "n_positions", None
+    )
+    if limit is not None and analysis.seq_len > limit:
+        raise ConfigError("seq_len", f"{analysis.seq_len} exceeds the model's {limit} positions")
+    source = None
+    if analysis.input == "data":
+        if tokenizer is None:
+            raise ConfigError(
+                "input", f"data needs the model's tokenizer; {path} has none (use tokens or random)"
+            )
+        source = TextWindows(tokenizer, text)
+    record = {
+        "hf": str(path),
+        "gguf_file": files.gguf_file,
+        "model_type": model.cfg.model_type,
+        "layers": model.cfg.total_layers,
+        "analysed_layers": model.cfg.n_layers,
+        "d_model": model.cfg.d_model,
+        "vocab_size": model.cfg.vocab_size,
+        "text": text if analysis.input == "data" else None,
+    }
+    return HFRun(record, analysis), model, source
+
+
+def _name(files: ModelFiles) -> str:
+    return str(files.folder / files.gguf_file) if files.gguf_file else str(files.folder)
+
+
+def _first_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__

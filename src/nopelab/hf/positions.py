@@ -1,0 +1,132 @@
+"""Which layers of a Hugging Face model use position: measured from behaviour, not read.
+
+Config fields cannot be trusted for this (SmolLM3's ``no_rope_layers`` means "1 = apply RoPE",
+and a released config is said to have it inverted), so :func:`position_use` asks the model:
+every attention module is fed the *same* hidden states twice, once at positions 0..T-1 and once
+at stretched positions 1, 4, 7, ...; a layer whose output changes applies a positional encoding
+inside attention. A uniform shift would not do: RoPE depends only on offsets, which a shift
+keeps. The causal mask is the same in both passes (it follows the sequence order, not the
+position ids). Layer 0 reports whether the input embedding itself depends on position
+(GPT-2's learned table).
+
+:func:`rope_off` switches RoPE off in chosen layers by handing their attention the identity
+rotation (cos = 1, sin = 0), which turns them into NoPE layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nopelab.errors import ConfigError
+from nopelab.hf.sites import HFModel
+
+TOLERANCE = 1e-5  # relative change below which a layer counts as position-free
+STRETCH = 3
+
+
+@dataclass(frozen=True)
+class PositionUse:
+    """Whether one layer's output depends on the position ids (layer 0: the input embedding)."""
+
+    layer: int
+    uses_position: bool
+    change: float  # ||out(stretched) - out(natural)|| / ||out(natural)||
+
+
+def _stretched_positions(model: HFModel, seq_len: int) -> tuple[int, Tensor, Tensor]:
+    config = model.hf.config
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 0)
+    T = min(seq_len, max((limit - 1) // STRETCH, 2)) if limit else seq_len
+    natural = torch.arange(T)[None]
+    return T, natural, 1 + STRETCH * natural
+
+
+@torch.inference_mode()
+def position_use(
+    model: HFModel, seq_len: int = 32, seed: int = 0, tolerance: float = TOLERANCE
+) -> list[PositionUse]:
+    """Per layer (0 = embedding, 1..L = attention), whether the output depends on positions."""
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    T, natural, stretched = _stretched_positions(model, seq_len)
+    generator = torch.Generator().manual_seed(seed)
+    idx = torch.randint(model.cfg.vocab_size, (1, T), generator=generator).to(device)
+    x = torch.randn(1, T, model.cfg.d_model, generator=generator).to(device, dtype)
+    outputs = []
+    for positions in (natural, stretched):
+        seen: dict[int, Tensor] = {}
+        handles = model.observe([("embed", 0)], _keep(seen, 0))
+        for layer, attn in enumerate(model.attention_modules(), start=1):
+            handles.append(attn.register_forward_pre_hook(_feed(x), with_kwargs=True))
+            handles.append(attn.register_forward_hook(_keep(seen, layer)))
+        try:
+            model(idx, position_ids=positions.to(device))
+        finally:
+            for handle in handles:
+                handle.remove()
+        outputs.append(seen)
+    result = []
+    for layer in sorted(outputs[0]):
+        a, b = outputs[0][layer].float(), outputs[1][layer].float()
+        change = float((b - a).norm() / a.norm().clamp_min(1e-30))
+        result.append(PositionUse(layer, change > tolerance, change))
+    return result
+
+
+def _feed(x: Tensor):
+    def hook(module, args, kwargs):
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": x}
+        return (x, *args[1:]), kwargs
+
+    return hook
+
+
+def _keep(seen: dict[int, Tensor], layer: int):
+    """A forward hook (or an ``observe`` callback) that keeps a copy of its tensor."""
+
+    def hook(*args) -> None:
+        output = args[-1]
+        seen[layer] = (output[0] if isinstance(output, tuple) else output).clone()
+
+    return hook
+
+
+@contextmanager
+def rope_off(model: HFModel, layers: Iterable[int]) -> Iterator[None]:
+    """Inside the block, the attention of ``layers`` (1-based) gets the identity rotation."""
+    layers = sorted(set(layers))
+    if not model.arch.rope:
+        raise ConfigError(
+            "rope_off", f"{model.cfg.model_type} has no rotary position embedding to switch off"
+        )
+    for layer in layers:
+        if not 1 <= layer <= model.cfg.n_layers:
+            raise ConfigError("rope_off", f"layer {layer} is outside 1..{model.cfg.n_layers}")
+    modules = model.attention_modules()
+    handles = [
+        modules[layer - 1].register_forward_pre_hook(_identity_rotation, with_kwargs=True)
+        for layer in layers
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _identity_rotation(module, args, kwargs):
+    rotation = kwargs.get("position_embeddings")
+    if rotation is None:
+        raise RuntimeError(f"{type(module).__name__} was not given position_embeddings")
+    if isinstance(rotation, tuple):  # (cos, sin)
+        cos, sin = rotation
+        identity = (torch.ones_like(cos), torch.zeros_like(sin))
+    else:  # complex rotation factors (Llama 4)
+        identity = torch.ones_like(rotation)
+    return args, {**kwargs, "position_embeddings": identity}

@@ -1,0 +1,201 @@
+"""Capture sites of Hugging Face causal LMs, mapped per architecture onto nopelab's names.
+
+:class:`HFModel` wraps a ``transformers`` causal LM so that everything written for native models
+(streaming statistics, probes, loss on text) runs on it unchanged. Its sites are read through
+forward hooks on the decoder layers, never through ``output_hidden_states``:
+
+* ``embed`` (layer 0): the input of the first decoder layer;
+* ``attn_out``: the self-attention module's output (after the output projection, before the
+  residual add);
+* ``resid_mid``: the layer's input plus ``attn_out``. In sequential blocks this is the stream the
+  MLP reads; in parallel blocks (Cohere2) the model never forms it, and nopelab computes it;
+* ``mlp_out``: the feed-forward module's output (the routed sum for mixture-of-experts layers);
+* ``resid_post``: the decoder layer's output. The last layer's is taken *before* the final norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from operator import attrgetter
+
+import torch
+from torch import Tensor, nn
+
+from nopelab.config import BLOCK_SITES, SITES
+from nopelab.errors import ConfigError
+
+SiteKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Where the sites live in one family of Hugging Face causal LMs."""
+
+    layers: str  # dotted path from the causal LM to its list of decoder layers
+    attn: str  # the self-attention module of a layer; returns (output, weights)
+    mlp: str  # the feed-forward module of a layer
+    rope: bool = True  # attention receives ``position_embeddings`` (rotary) from the model
+    parallel: bool = False  # attention and MLP read the same normed input (resid_mid not formed)
+
+
+_LLAMA_LIKE = Architecture("model.layers", "self_attn", "mlp")
+ARCHITECTURES: dict[str, Architecture] = {
+    "gpt2": Architecture("transformer.h", "attn", "mlp", rope=False),
+    "llama": _LLAMA_LIKE,
+    "mistral": _LLAMA_LIKE,
+    "qwen2": _LLAMA_LIKE,
+    "qwen3": _LLAMA_LIKE,
+    "smollm3": _LLAMA_LIKE,
+    "llama4_text": Architecture("model.layers", "self_attn", "feed_forward"),
+    "cohere2": Architecture("model.layers", "self_attn", "mlp", parallel=True),
+}
+
+
+def architecture(model_type: str) -> Architecture:
+    """The site mapping of ``model_type``; an unmapped architecture is a user error."""
+    if model_type not in ARCHITECTURES:
+        raise ConfigError(
+            "model",
+            f"architecture {model_type!r} has no site mapping; supported: {', '.join(ARCHITECTURES)}",
+        )
+    return ARCHITECTURES[model_type]
+
+
+@dataclass(frozen=True)
+class HFSpec:
+    """The few facts about a Hugging Face model that nopelab's analysis code reads (``model.cfg``)."""
+
+    model_type: str
+    d_model: int
+    n_layers: int  # layers analysed (``max_layers`` may cut the model short)
+    vocab_size: int
+    total_layers: int
+    bidirectional: bool = False
+
+
+def _tensor(output: Tensor | tuple) -> Tensor:
+    return output[0] if isinstance(output, tuple) else output
+
+
+def _hidden_states(args: tuple, kwargs: dict) -> Tensor:
+    return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
+
+class _Stop(Exception):
+    """Raised after the last analysed layer, to skip the rest of the forward pass."""
+
+
+class HFModel(nn.Module):
+    """A Hugging Face causal LM behind nopelab's model interface.
+
+    ``forward(idx)`` or ``forward(inputs_embeds=...)`` returns next-token logits, or ``None`` when
+    ``max_layers`` cuts the pass short; :meth:`observe` hooks sites by nopelab's names.
+    """
+
+    def __init__(self, hf: nn.Module, max_layers: int | None = None, name: str = ""):
+        super().__init__()
+        config = hf.config
+        self.hf = hf
+        self.name = name
+        self.arch = architecture(config.model_type)
+        self.layers: nn.ModuleList = attrgetter(self.arch.layers)(hf)
+        total = len(self.layers)
+        if max_layers is not None and max_layers < 1:
+            raise ConfigError("max_layers", f"must be >= 1, got {max_layers}")
+        n_layers = min(max_layers or total, total)
+        self.cfg = HFSpec(config.model_type, config.hidden_size, n_layers, config.vocab_size, total)
+
+    def forward(
+        self,
+        idx: Tensor | None = None,
+        *,
+        inputs_embeds: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Tensor | None:
+        inputs = idx if idx is not None else inputs_embeds
+        # An explicit all-ones mask: transformers would read non-contiguous position ids as
+        # packed sequences and mask across them.
+        mask = torch.ones(inputs.shape[:2], dtype=torch.long, device=inputs.device)
+        stop = None
+        if self.cfg.n_layers < self.cfg.total_layers:
+            stop = self.layers[self.cfg.n_layers - 1].register_forward_hook(_raise_stop)
+        try:
+            out = self.hf(
+                input_ids=idx,
+                inputs_embeds=inputs_embeds,
+                attention_mask=mask,
+                position_ids=position_ids,
+                use_cache=False,
+            )
+        except _Stop:
+            return None
+        finally:
+            if stop is not None:
+                stop.remove()
+        return out.logits
+
+    def site_keys(self, sites: Iterable[str] = SITES) -> list[SiteKey]:
+        """(site, layer) for every requested site over the analysed layers, in model order."""
+        keys = []
+        for site in sites:
+            if site not in SITES:
+                raise ValueError(f"unknown site {site!r}; allowed: {', '.join(SITES)}")
+            if site == "embed":
+                keys.append(("embed", 0))
+            else:
+                keys += [(site, layer) for layer in range(1, self.cfg.n_layers + 1)]
+        return sorted(keys, key=lambda key: (key[1], SITES.index(key[0])))
+
+    def observe(
+        self, keys: Iterable[SiteKey], fn: Callable[[SiteKey, Tensor], None]
+    ) -> list[torch.utils.hooks.RemovableHandle]:
+        """Hook ``keys`` so that every forward pass calls ``fn(key, activation)`` with (B, T, d)."""
+        wanted = set(keys)
+        handles = []
+        for layer in range(1, self.cfg.n_layers + 1):
+            sites = {site for site in BLOCK_SITES if (site, layer) in wanted}
+            if layer == 1 and ("embed", 0) in wanted:
+                sites.add("embed")
+            if sites:
+                handles += self._observe_layer(layer, sites, fn)
+        return handles
+
+    def _observe_layer(self, layer: int, sites: set[str], fn: Callable) -> list:
+        block = self.layers[layer - 1]
+        stream: dict[str, Tensor] = {}
+
+        def layer_input(module, args, kwargs) -> None:
+            stream["input"] = _hidden_states(args, kwargs)
+            if "embed" in sites:
+                fn(("embed", 0), stream["input"])
+
+        def attention(module, args, output) -> None:
+            out = _tensor(output)
+            if "attn_out" in sites:
+                fn(("attn_out", layer), out)
+            if "resid_mid" in sites:
+                fn(("resid_mid", layer), stream["input"] + out)
+
+        def mlp(module, args, output) -> None:
+            fn(("mlp_out", layer), _tensor(output).view(stream["input"].shape))
+
+        def layer_output(module, args, output) -> None:
+            fn(("resid_post", layer), _tensor(output))
+
+        handles = [block.register_forward_pre_hook(layer_input, with_kwargs=True)]
+        if sites & {"attn_out", "resid_mid"}:
+            handles.append(attrgetter(self.arch.attn)(block).register_forward_hook(attention))
+        if "mlp_out" in sites:
+            handles.append(attrgetter(self.arch.mlp)(block).register_forward_hook(mlp))
+        if "resid_post" in sites:
+            handles.append(block.register_forward_hook(layer_output))
+        return handles
+
+    def attention_modules(self) -> list[nn.Module]:
+        """The self-attention module of every analysed layer."""
+        return [attrgetter(self.arch.attn)(block) for block in self.layers[: self.cfg.n_layers]]
+
+
+def _raise_stop(module, args, output) -> None:
+    raise _Stop
