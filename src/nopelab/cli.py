@@ -147,6 +147,30 @@ Device = Annotated[
     str | None, typer.Option(help="auto | cpu | cuda[:N] \\[auto]", rich_help_panel=ANALYSIS)
 ]
 
+HF = "Hugging Face model (hf:PATH)"
+Text = Annotated[
+    str | None,
+    typer.Option(
+        help="Text for an hf: model with --input data: default (the corpus's held-out tail) or a "
+        "text file or folder \\[default]",
+        rich_help_panel=HF,
+    ),
+]
+MaxLayers = Annotated[
+    int | None,
+    typer.Option(
+        help="Analyse only the first N layers of an hf: model \\[all]", rich_help_panel=HF
+    ),
+]
+TrustRemoteCode = Annotated[
+    bool,
+    typer.Option(
+        help="Let an hf: model folder run its own Python code (auto_map); only for models you trust",
+        rich_help_panel=HF,
+    ),
+]
+HF_FLAGS = ("text", "max_layers", "trust_remote_code")
+
 ProbeLayers = Annotated[
     str | None,
     typer.Option(help="Layers to probe, e.g. 0,3,6 (embed is 0) \\[all]", rich_help_panel=PROBE),
@@ -245,6 +269,11 @@ def _merge(data: dict[str, Any], section: str, flags: dict[str, Any]) -> None:
     table.update({k: v for k, v in flags.items() if v is not None})
 
 
+def _hf_path(run_dir: Path | None) -> str | None:
+    """``PATH`` of an ``hf:PATH`` argument, else ``None``."""
+    return str(run_dir)[3:] if run_dir is not None and str(run_dir).startswith("hf:") else None
+
+
 def _model_and_analysis(
     run_dir: Path | None,
     data: dict[str, Any],
@@ -252,12 +281,15 @@ def _model_and_analysis(
     analysis_flags: dict[str, Any],
     analysis_defaults: dict[str, Any] | None = None,
     sections: tuple[str, ...] = ("model", "analysis"),
+    hf_flags: dict[str, Any] | None = None,
 ) -> tuple[Any, Any, Any]:
     """The model to study and the validated [model]+[analysis] settings: a training run's
-    checkpoint (default input: its held-out data) or a random-init model built from the flags.
+    checkpoint (default input: its held-out data), a Hugging Face model (``hf:PATH``; default
+    input: text) or a random-init model built from the flags.
 
-    Returns ``(RunConfig, model, source)``; ``source`` is the run's data when input is ``data``.
-    ``data`` (from a config file) may hold the other ``sections``; they are left for the caller.
+    Returns ``(config, model, source)``: a RunConfig (an HFRun for hf:), the model, and the data
+    source when input is ``data``. ``data`` (from a config file) may hold the other ``sections``;
+    they are left for the caller.
     """
     from nopelab.analysis import build_model
     from nopelab.config import RunConfig
@@ -275,14 +307,42 @@ def _model_and_analysis(
         data["analysis"] = section
     settings = {key: data[key] for key in ("model", "analysis") if key in data}
     source = None
+    hf_flags = hf_flags or {}
+    hf_path = _hf_path(run_dir)
+    if hf_path is None:
+        given = [k for k, v in hf_flags.items() if v not in (None, False)]
+        if given:
+            raise UserError(f"--{given[0].replace('_', '-')}: only applies to an hf:PATH model")
+    if run_dir is not None:
+        names = {"n_layers": "layers", "n_heads": "heads"}
+        given = [
+            f"--{names.get(k, k).replace('_', '-')}"
+            for k, v in model_flags.items()
+            if v is not None
+        ]
+        if given or "model" in settings:
+            raise UserError(
+                f"{given[0] if given else '--config'}: a trained or Hugging Face model fixes the "
+                "model; drop the model settings"
+            )
+    if hf_path is not None:
+        from nopelab.config import AnalysisConfig, build
+        from nopelab.hf.load import load_run
+
+        if isinstance(section, dict):
+            section.setdefault("input", "data")
+        _merge(settings, "analysis", analysis_flags)
+        analysis = build(AnalysisConfig, settings["analysis"], "config.analysis")
+        return load_run(
+            hf_path,
+            analysis,
+            text=hf_flags.get("text") or "default",
+            max_layers=hf_flags.get("max_layers"),
+            trust_remote_code=bool(hf_flags.get("trust_remote_code")),
+        )
     if run_dir is not None:
         from nopelab.train import load_trained, make_source
 
-        given = [f"--{k.replace('_', '-')}" for k, v in model_flags.items() if v is not None]
-        if given or "model" in settings:
-            raise UserError(
-                f"{given[0] if given else '--config'}: a trained run fixes the model; drop the model settings"
-            )
         run, model = load_trained(run_dir)
         settings["model"] = dataclasses.asdict(run.model)
         if isinstance(section, dict):
@@ -307,7 +367,8 @@ def analyze(
         Path | None,
         typer.Argument(
             help="A training run directory: analyse its trained model (default input: its own "
-            "held-out data). Without it, a randomly initialised model is built from the flags."
+            "held-out data); or hf:PATH, a Hugging Face model folder or .gguf file (default "
+            "input: text). Without it, a randomly initialised model is built from the flags."
         ),
     ] = None,
     config: ConfigFile = None,
@@ -333,29 +394,37 @@ def analyze(
     dtype: Dtype = None,
     seed: Seed = None,
     device: Device = None,
+    text: Text = None,
+    max_layers: MaxLayers = None,
+    trust_remote_code: TrustRemoteCode = False,
     out: Out = None,
     force: Force = False,
 ) -> None:
     """Analyse a model: variance, norms, cosine similarity, adjacency scores per layer and site.
 
-    Random-init by default; give a training run directory to analyse its trained checkpoint.
+    Random-init by default; give a training run directory to analyse its trained checkpoint, or
+    hf:PATH for a Hugging Face model.
     """
     arguments = dict(locals())  # the flags as given, before any other name exists
     from nopelab.analysis import analyze_model, resolve_device
     from nopelab.config import read_config_file
     from nopelab.report import write_analysis
-    from nopelab.rundir import default_out, staged_run
+    from nopelab.rundir import check_out, default_out, staged_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
     model_flags = _model_flags(arguments)
     analysis_flags = _analysis_flags(arguments)
-    cfg, model, source = _model_and_analysis(run_dir, data, model_flags, analysis_flags)
+    hf_flags = {name: arguments[name] for name in HF_FLAGS}
+    out = out or default_out(f"analyze-{Path(str(run_dir)).name}" if run_dir else "analyze")
+    check_out(out, force)
+    cfg, model, source = _model_and_analysis(
+        run_dir, data, model_flags, analysis_flags, hf_flags=hf_flags
+    )
     resolve_device(cfg.analysis.device)
-    out = out or default_out(f"analyze-{run_dir.name}" if run_dir else "analyze")
     with staged_run(out, force) as staging:
         start = time.perf_counter()
         result = analyze_model(model, cfg.analysis, source=source)
-        title = f"trained model {run_dir}" if run_dir else "random-init model"
+        title = _title(run_dir)
         seconds = time.perf_counter() - start
         write_analysis(staging, cfg, result, seconds, title=title, random_init=run_dir is None)
     typer.echo(f"wrote {out}")
@@ -582,6 +651,13 @@ def _format_metrics(metrics: dict[str, float]) -> str:
 
 
 PROBE_SECTIONS = ("model", "analysis", "probe")
+
+
+def _title(run_dir: Path | None) -> str:
+    if run_dir is None:
+        return "random-init model"
+    hf_path = _hf_path(run_dir)
+    return f"Hugging Face model {hf_path}" if hf_path else f"trained model {run_dir}"
 
 
 def _probe_settings(data: dict[str, Any], flags: dict[str, Any]) -> Any:
@@ -888,12 +964,12 @@ def intervene(
 
 @app.command()
 def reproduce(
-    paper: Annotated[str, typer.Argument(help="chi2023 | zuo2025 | haviv2022")],
+    paper: Annotated[str, typer.Argument(help="chi2023 | zuo2025 | haviv2022 | real-model")],
     part: Annotated[
         str | None,
         typer.Option(
             help="chi2023: random-init | pretrained; zuo2025: random-init | trained | probes; "
-            "haviv2022: pretrained"
+            "haviv2022: pretrained; real-model: smollm2"
         ),
     ] = None,
     scale: Annotated[

@@ -125,6 +125,33 @@ def scores_by_layer(rows: pd.DataFrame, path: Path, title: str = "") -> None:
     _save(fig, path)
 
 
+def scores_by_variant(rows: pd.DataFrame, path: Path, title: str = "") -> None:
+    """Adjacency score (mean ± std over samples) per layer: a panel per site, a line per
+    ``variant``."""
+    sites = list(dict.fromkeys(rows["site"]))
+    fig, axes = plt.subplots(
+        1, len(sites), figsize=(4.2 * len(sites), 3.6), squeeze=False, layout="constrained"
+    )
+    for ax, site in zip(axes.flat, sites, strict=True):
+        for variant, group in rows[rows["site"] == site].groupby("variant", sort=False):
+            ax.errorbar(
+                group["layer"],
+                group["adjacency_mean"],
+                yerr=group["adjacency_std"],
+                marker="o",
+                ms=3,
+                capsize=2,
+                label=str(variant),
+            )
+        ax.axhline(0.5, color="grey", ls=":", lw=1)
+        ax.set(xlabel="layer", ylabel="adjacency score", title=site, ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    _save(fig, path)
+
+
 def attention_entropy(attention: pd.DataFrame, path: Path) -> None:
     """Attention entropy per query position against the uniform value, one line per layer."""
     fig, axes = _lines_by_layer(attention.assign(site="attention"), "position", "entropy")

@@ -11,6 +11,7 @@ from nopelab.experiments import (
     chi2023,
     chi2023_pretrained,
     haviv2022,
+    real_model,
     zuo2025,
     zuo2025_probes,
     zuo2025_trained,
@@ -50,5 +51,9 @@ EXPERIMENTS = {
     "haviv2022": Experiment(
         {"pretrained": Part(haviv2022.settings, haviv2022.run)},
         "pretrained",
+    ),
+    "real-model": Experiment(
+        {"smollm2": Part(real_model.settings, real_model.run)},
+        "smollm2",
     ),
 }

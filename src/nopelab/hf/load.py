@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,34 +137,43 @@ def check_memory(files: ModelFiles) -> int:
 
 
 def load_model(
-    path: str, trust_remote_code: bool = False, max_layers: int | None = None
+    path: str,
+    trust_remote_code: bool = False,
+    max_layers: int | None = None,
+    check: Callable[[Any, Any], None] | None = None,
 ) -> tuple[HFModel, Any | None, ModelFiles]:
-    """The wrapped model (float32, eval mode), its tokenizer (``None`` if it has none) and files."""
+    """The wrapped model (float32, eval mode), its tokenizer (``None`` if it has none) and files.
+
+    ``check(config, tokenizer)`` runs before the weights are read, for the caller's own checks.
+    """
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     files = locate(path)
     config = read_config(files, trust_remote_code)
     architecture(config.model_type)
-    check_memory(files)
+    if max_layers is not None and max_layers < 1:
+        raise ConfigError("max_layers", f"must be >= 1, got {max_layers}")
     transformers.logging.set_verbosity_error()
-    try:
-        hf = AutoModelForCausalLM.from_pretrained(
-            files.folder,
-            dtype=torch.float32,
-            trust_remote_code=trust_remote_code,
-            **files.extra,
-        )
-    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as e:
-        raise ConfigError(
-            FIELD, f"transformers cannot load {_name(files)}: {_first_line(e)}"
-        ) from None
+    if not sys.stderr.isatty():
+        transformers.logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             files.folder, trust_remote_code=trust_remote_code, **files.extra
         )
     except (OSError, ValueError, KeyError, TypeError):
         tokenizer = None
+    if check is not None:
+        check(config, tokenizer)
+    check_memory(files)
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(
+            files.folder, dtype=torch.float32, trust_remote_code=trust_remote_code, **files.extra
+        )
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as e:
+        raise ConfigError(
+            FIELD, f"transformers cannot load {_name(files)}: {_first_line(e)}"
+        ) from None
     return HFModel(hf.eval(), max_layers, name=str(path)), tokenizer, files
 
 
@@ -210,19 +221,22 @@ def load_run(
     trust_remote_code: bool = False,
 ) -> tuple[HFRun, HFModel, TextWindows | None]:
     """Everything ``nopelab analyze hf:PATH`` needs: settings record, model, text source."""
-    model, tokenizer, files = load_model(path, trust_remote_code, max_layers)
-    limit = getattr(model.hf.config, "max_position_embeddings", None) or getattr(
-        model.hf.config, "n_positions", None
-    )
-    if limit is not None and analysis.seq_len > limit:
-        raise ConfigError("seq_len", f"{analysis.seq_len} exceeds the model's {limit} positions")
-    source = None
-    if analysis.input == "data":
-        if tokenizer is None:
+
+    def check(config: Any, tokenizer: Any) -> None:
+        limit = getattr(config, "max_position_embeddings", None) or getattr(
+            config, "n_positions", None
+        )
+        if limit is not None and analysis.seq_len > limit:
+            raise ConfigError(
+                "seq_len", f"{analysis.seq_len} exceeds the model's {limit} positions"
+            )
+        if analysis.input == "data" and tokenizer is None:
             raise ConfigError(
                 "input", f"data needs the model's tokenizer; {path} has none (use tokens or random)"
             )
-        source = TextWindows(tokenizer, text)
+
+    model, tokenizer, files = load_model(path, trust_remote_code, max_layers, check)
+    source = TextWindows(tokenizer, text) if analysis.input == "data" else None
     record = {
         "hf": str(path),
         "gguf_file": files.gguf_file,

@@ -1,0 +1,260 @@
+"""Hugging Face models: site mapping, position-use detection, RoPE switch-off, loading errors."""
+
+from __future__ import annotations
+
+import json
+from operator import attrgetter
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_cli
+from hf_tiny import ARCHITECTURES, LAYERS, ROPE_LAYERS, VOCAB, tiny
+from nopelab.analysis import analyze_model
+from nopelab.capture import observe
+from nopelab.config import AnalysisConfig, ProbeConfig
+from nopelab.errors import ConfigError
+from nopelab.hf import load
+from nopelab.hf.positions import position_use, rope_off
+from nopelab.hf.sites import HFModel
+from nopelab.metrics import position_variance
+from nopelab.probing import probe_model
+
+
+def _capture(model: HFModel, idx: torch.Tensor, **kwargs) -> dict:
+    seen: dict = {}
+    handles = observe(model, model.site_keys(), lambda key, h: seen.__setitem__(key, h.clone()))
+    try:
+        with torch.no_grad():
+            model(idx, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_sites_are_the_tensors_the_model_computes(model_type):
+    hf = tiny(model_type)
+    model = HFModel(hf)
+    idx = torch.randint(VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    seen = _capture(model, idx)
+    assert len(seen) == 1 + 4 * LAYERS
+    with torch.no_grad():
+        reference = hf(idx, output_hidden_states=True)
+    # embed and every layer output but the last are HF's own hidden states ...
+    torch.testing.assert_close(seen[("embed", 0)], reference.hidden_states[0])
+    for layer in range(1, LAYERS):
+        torch.testing.assert_close(seen[("resid_post", layer)], reference.hidden_states[layer])
+    # ... and the last layer's is taken before the final norm: norm + head give the logits.
+    final_norm = hf.transformer.ln_f if model_type == "gpt2" else hf.model.norm
+    logits = hf.lm_head(final_norm(seen[("resid_post", LAYERS)]))
+    if model_type == "cohere2":
+        logits = logits * hf.config.logit_scale
+    torch.testing.assert_close(logits, reference.logits, rtol=1e-4, atol=1e-5)
+    # the residual stream adds up: input + attention (+ MLP) = output
+    for layer in range(1, LAYERS + 1):
+        before = seen[("embed", 0)] if layer == 1 else seen[("resid_post", layer - 1)]
+        mid = seen[("resid_mid", layer)]
+        torch.testing.assert_close(mid, before + seen[("attn_out", layer)])
+        torch.testing.assert_close(seen[("resid_post", layer)], mid + seen[("mlp_out", layer)])
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+def test_resid_mid_is_what_the_mlp_norm_reads(model_type):
+    hf = tiny(model_type)
+    model = HFModel(hf)
+    block = model.layers[1]
+    norm = block.ln_2 if model_type == "gpt2" else block.post_attention_layernorm
+    read = {}
+    handle = norm.register_forward_pre_hook(lambda module, args: read.setdefault("x", args[0]))
+    seen = _capture(model, torch.randint(VOCAB, (1, 10)))
+    handle.remove()
+    torch.testing.assert_close(seen[("resid_mid", 2)], read["x"])
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_position_use_is_measured_per_layer(model_type):
+    model = HFModel(tiny(model_type))
+    use = position_use(model)
+    assert [u.layer for u in use] == list(range(LAYERS + 1))
+    assert [u.layer for u in use if u.layer and u.uses_position] == ROPE_LAYERS[model_type]
+    assert use[0].uses_position == (model_type == "gpt2")  # GPT-2's learned position table
+    for u in use[1:]:
+        assert u.change > 1e-3 if u.uses_position else u.change == 0.0
+
+
+def test_smollm3_polarity_is_read_from_behaviour():
+    """``no_rope_layers`` = 1 means 'apply RoPE' in transformers' code; an inverted config
+    gives the inverted measurement, whatever the field's name suggests."""
+    inverted = HFModel(tiny("smollm3", no_rope_layers=[0, 1, 0, 1]))
+    assert [u.layer for u in position_use(inverted) if u.layer and u.uses_position] == [2, 4]
+
+
+@pytest.mark.parametrize("model_type", ["llama", "llama4_text", "cohere2"])
+def test_rope_off_makes_nope_layers(model_type):
+    model = HFModel(tiny(model_type))
+    idx = torch.randint(VOCAB, (1, 16))
+    with torch.no_grad():
+        before = model(idx)
+    with rope_off(model, [1, 2]):
+        use = position_use(model)
+        with torch.no_grad():
+            during = model(idx)
+    expected = [layer for layer in ROPE_LAYERS[model_type] if layer > 2]
+    assert [u.layer for u in use if u.layer and u.uses_position] == expected
+    assert not torch.allclose(before, during)
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx), before)  # hooks removed on exit
+
+
+def test_rope_off_errors():
+    with (
+        pytest.raises(ConfigError, match="rope_off: gpt2 has no rotary"),
+        rope_off(HFModel(tiny("gpt2")), [1]),
+    ):
+        pass
+    with pytest.raises(ConfigError, match=r"outside 1\.\.4"), rope_off(HFModel(tiny("llama")), [5]):
+        pass
+
+
+def test_max_layers_stops_early_and_keeps_the_first_layers():
+    hf = tiny("llama")
+    full, short = HFModel(hf), HFModel(hf, max_layers=2)
+    assert short.site_keys(["resid_post"]) == [("resid_post", 1), ("resid_post", 2)]
+    idx = torch.randint(VOCAB, (1, 8))
+    seen = _capture(short, idx)
+    assert short(idx) is None
+    reference = _capture(full, idx)
+    for key, value in seen.items():
+        torch.testing.assert_close(value, reference[key])
+
+
+def test_streaming_statistics_match_stored_hidden_states():
+    hf = tiny("qwen2")
+    model = HFModel(hf)
+    cfg = AnalysisConfig(seq_len=16, samples=6, batch_size=4, input="tokens", sites=("resid_post",), device="cpu")  # fmt: skip
+    result = analyze_model(model, cfg, progress=False)
+    generator = torch.Generator().manual_seed(cfg.seed + 1)
+    idx = torch.cat(
+        [torch.randint(VOCAB, (n, 16), generator=generator) for n in (4, 2)]
+    )  # the same inputs analysis draws
+    with torch.no_grad():
+        hidden = hf(idx, output_hidden_states=True).hidden_states[2]
+    expected = position_variance(hidden).mean(0).numpy()
+    np.testing.assert_allclose(result.sites[("resid_post", 2)].variance, expected, rtol=1e-5)
+
+
+def test_probes_run_on_hf_models():
+    hf = tiny("gpt2")
+    with torch.no_grad():
+        hf.transformer.wpe.weight *= 10  # position plainly encoded at the input
+    model = HFModel(hf)
+    analysis = AnalysisConfig(seq_len=16, samples=24, batch_size=8, input="tokens", sites=("embed",), device="cpu")  # fmt: skip
+    probe = ProbeConfig(probes=("linear-cls",), features=("raw",), seeds=2, epochs=30)
+    (row,) = probe_model(model, analysis, probe, progress=False)
+    assert (
+        row["accuracy"] >= 0.9
+    )  # chance is 1/16; GPT-2's learned position table is plain to see at embed
+
+
+# ------------------------------------------------------------------------- loading
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama")
+    tiny("llama").save_pretrained(folder)
+    return folder
+
+
+def test_load_model_folder(llama_dir):
+    model, tokenizer, files = load.load_model(str(llama_dir))
+    assert model.cfg.model_type == "llama" and model.cfg.n_layers == LAYERS
+    assert tokenizer is None and files.gguf_file is None
+    assert load.parameter_count(files) == sum(p.numel() for p in model.parameters())
+
+
+def test_loading_errors(tmp_path, llama_dir, monkeypatch):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load.locate(str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="not a Hugging Face model folder"):
+        load.locate(str(tmp_path))
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"not a gguf")
+    with pytest.raises(ConfigError, match="is not a GGUF file"):
+        load.locate(str(fake))
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(64))
+    with pytest.raises(ConfigError, match=r"^model: transformers cannot read"):
+        load.load_model(str(broken))
+
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    config = json.loads((llama_dir / "config.json").read_text())
+    (remote / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoConfig": "x.Y"}}))
+    with pytest.raises(ConfigError, match="--trust-remote-code"):
+        load.load_model(str(remote))
+
+    other = tmp_path / "other"
+    other.mkdir()
+    from transformers import OPTConfig
+
+    OPTConfig(hidden_size=16, num_hidden_layers=1, ffn_dim=16, num_attention_heads=2, vocab_size=32).save_pretrained(other)  # fmt: skip
+    with pytest.raises(
+        ConfigError, match="architecture 'opt' has no site mapping; supported: gpt2"
+    ):
+        load.load_model(str(other))
+
+    monkeypatch.setattr(load, "available_memory", lambda: 1000)
+    with pytest.raises(ConfigError, match=r"needs about .* GiB to load in float32"):
+        load.load_model(str(llama_dir))
+
+
+def test_cli_analyze_hf(tmp_path, llama_dir, monkeypatch):
+    out = tmp_path / "run"
+    status = run_cli(
+        ["analyze", f"hf:{llama_dir}", "--input", "tokens", "--seq-len", "16", "--samples", "4",
+         "--max-layers", "2", "--sites", "attn_out,resid_post", "--device", "cpu", "--out", str(out)],
+        monkeypatch,
+    )  # fmt: skip
+    assert status == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert {(r["site"], r["layer"]) for r in summary["rows"]} == {
+        (site, layer) for site in ("attn_out", "resid_post") for layer in (1, 2)
+    }
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["model_type"] == "llama" and config["model"]["analysed_layers"] == 2
+    with np.load(out / "cosine.npz") as cosine:
+        assert cosine["attn_out_2"].shape == (16, 16)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--layers", "3"], "--layers: a trained or Hugging Face model fixes the model"),
+        (["--input", "data", "--seq-len", "16"], "input: data needs the model's tokenizer"),
+        (["--seq-len", "200"], "seq_len: 200 exceeds the model's 128 positions"),
+        (["--max-layers", "0"], "max_layers: must be >= 1"),
+    ],
+)
+def test_cli_analyze_hf_errors(tmp_path, llama_dir, args, message, monkeypatch, capsys):
+    out = tmp_path / "run"
+    status = run_cli(["analyze", f"hf:{llama_dir}", "--out", str(out), *args], monkeypatch)
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and message in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_cli_hf_flags_need_an_hf_model(tmp_path, monkeypatch, capsys):
+    status = run_cli(["analyze", "--max-layers", "2", "--out", str(tmp_path / "x")], monkeypatch)
+    assert status == 2
+    assert "--max-layers: only applies to an hf:PATH model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model_type", ["llama"])
+def test_attention_modules_follow_the_mapping(model_type):
+    hf = tiny(model_type)
+    model = HFModel(hf)
+    assert model.attention_modules()[0] is attrgetter("model.layers")(hf)[0].self_attn
