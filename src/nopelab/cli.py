@@ -674,7 +674,8 @@ def probe(
         Path | None,
         typer.Argument(
             help="A training run directory: probe its trained model (default input: its own "
-            "held-out data). Without it, a randomly initialised model is built from the flags."
+            "held-out data); or hf:PATH, a Hugging Face model folder or .gguf file (default "
+            "input: text). Without it, a randomly initialised model is built from the flags."
         ),
     ] = None,
     config: ConfigFile = None,
@@ -713,6 +714,9 @@ def probe(
     probe_seeds: ProbeSeeds = None,
     epochs: Epochs = None,
     hidden: Hidden = None,
+    text: Text = None,
+    max_layers: MaxLayers = None,
+    trust_remote_code: TrustRemoteCode = False,
     out: Out = None,
     force: Force = False,
 ) -> None:
@@ -722,19 +726,21 @@ def probe(
     from nopelab.config import read_config_file
     from nopelab.probe_report import write_probes
     from nopelab.probing import probe_model
-    from nopelab.rundir import default_out, staged_run
+    from nopelab.rundir import check_out, default_out, staged_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
+    out = out or default_out(f"probe-{Path(str(run_dir)).name}" if run_dir else "probe")
+    check_out(out, force)
     cfg, model, source = _model_and_analysis(
         run_dir, data, _model_flags(arguments), _analysis_flags(arguments),
         {"sites": ["embed", "resid_post"]}, PROBE_SECTIONS,
+        hf_flags={name: arguments[name] for name in HF_FLAGS},
     )  # fmt: skip
     probe_cfg = _probe_settings(data, _probe_flags(arguments))
-    out = out or default_out(f"probe-{run_dir.name}" if run_dir else "probe")
     with staged_run(out, force) as staging:
         start = time.perf_counter()
         rows = probe_model(model, cfg.analysis, probe_cfg, source)
-        title = f"trained model {run_dir}" if run_dir else "random-init model"
+        title = _title(run_dir)
         config_dict = {**cfg.to_dict(), "probe": dataclasses.asdict(probe_cfg)}
         write_probes(staging, config_dict, rows, time.perf_counter() - start, title)
     typer.echo(f"wrote {out}")
