@@ -228,6 +228,9 @@ def test_cli_analyze_hf(tmp_path, llama_dir, monkeypatch):
     assert config["model"]["model_type"] == "llama" and config["model"]["analysed_layers"] == 2
     with np.load(out / "cosine.npz") as cosine:
         assert cosine["attn_out_2"].shape == (16, 16)
+    use = summary["position_use"]
+    assert [u["layer"] for u in use if u["uses_position"]] == [1, 2]  # the analysed layers
+    assert "Which layers use position" in (out / "summary.md").read_text()
 
 
 @pytest.mark.parametrize(
@@ -258,3 +261,44 @@ def test_attention_modules_follow_the_mapping(model_type):
     hf = tiny(model_type)
     model = HFModel(hf)
     assert model.attention_modules()[0] is attrgetter("model.layers")(hf)[0].self_attn
+
+
+# ------------------------------------------------------------- the real GGUF model
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from nopelab.experiments.real_model import smollm2_path
+
+    model, tokenizer, _ = load.load_model(str(smollm2_path()))
+    return model, tokenizer
+
+
+def test_smollm2_gguf_loads_and_uses_rope_everywhere(smollm2):
+    from nopelab.experiments.real_model import text_loss
+
+    model, tokenizer = smollm2
+    assert (model.cfg.model_type, model.cfg.total_layers, model.cfg.d_model) == ("llama", 30, 576)
+    use = position_use(model)
+    assert not use[0].uses_position and all(u.uses_position for u in use[1:])
+    x, y = load.TextWindows(tokenizer).windows(64, 4)
+    loss = text_loss(model, x, y)
+    assert 2.0 < loss < 5.0  # a working English LM (uniform guessing: log 49152 ≈ 10.8)
+    with rope_off(model, range(1, 31)):
+        assert not any(u.uses_position for u in position_use(model))
+        assert text_loss(model, x, y) > loss + 0.5  # trained with RoPE, it needs it
+
+
+def test_reproduce_real_model_smoke(tmp_path, monkeypatch):
+    out = tmp_path / "real"
+    status = run_cli(["reproduce", "real-model", "--scale", "smoke", "--device", "cpu", "--out", str(out)], monkeypatch)  # fmt: skip
+    assert status == 0
+    summary = json.loads((out / "summary.json").read_text())
+    loss = {row["variant"]: row["loss"] for row in summary["loss"]}
+    assert loss["rope"] < loss["nope-every-4th"] < loss["nope-all"]
+    use = {row["variant"]: row["rope_layers"] for row in summary["position_use"]}
+    assert use["rope"] == list(range(1, 31)) and use["nope-all"] == []
+    assert use["nope-every-4th"] == [layer for layer in range(1, 31) if layer % 4]
+    assert {row["model"] for row in summary["probes"]} == {"rope", "nope-every-4th", "nope-all"}
+    for name in ("summary.md", "scores.png", "probes.png", "cosine_rope.png", "positions.parquet"):
+        assert (out / name).is_file()

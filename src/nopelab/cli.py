@@ -427,6 +427,10 @@ def analyze(
         title = _title(run_dir)
         seconds = time.perf_counter() - start
         write_analysis(staging, cfg, result, seconds, title=title, random_init=run_dir is None)
+        if _hf_path(run_dir):
+            from nopelab.hf.positions import position_use, write_position_use
+
+            write_position_use(staging, position_use(model, seed=cfg.analysis.seed))
     typer.echo(f"wrote {out}")
 
 

@@ -15,10 +15,13 @@ rotation (cos = 1, sin = 0), which turns them into NoPE layers.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
+import pandas as pd
 import torch
 from torch import Tensor
 
@@ -76,6 +79,30 @@ def position_use(
         change = float((b - a).norm() / a.norm().clamp_min(1e-30))
         result.append(PositionUse(layer, change > tolerance, change))
     return result
+
+
+def write_position_use(out: Path, use: list[PositionUse]) -> None:
+    """Add the measurement to an analysis run directory: ``position_use.parquet``, a
+    ``position_use`` list in ``summary.json`` and a section of ``summary.md``."""
+    from nopelab.report import markdown_table
+    from nopelab.rundir import write_json
+
+    frame = pd.DataFrame([asdict(u) for u in use])
+    frame.to_parquet(out / "position_use.parquet", index=False)
+    summary = json.loads((out / "summary.json").read_text())
+    summary["position_use"] = frame.to_dict(orient="records")
+    write_json(out / "summary.json", summary)
+    rope = [u.layer for u in use if u.layer and u.uses_position]
+    with (out / "summary.md").open("a") as f:
+        f.write(
+            "\n## Which layers use position (measured)\n\n"
+            f"Attention applies a positional encoding in {len(rope)} of {len(use) - 1} layers"
+            f"{': ' + ', '.join(map(str, rope)) if rope else ''}; the input embedding "
+            f"{'depends' if use[0].uses_position else 'does not depend'} on position. "
+            "`change` is the relative change of a layer's output when the same inputs are "
+            "presented at stretched positions (layer 0: the embedding).\n\n"
+            f"{markdown_table(frame)}\n"
+        )
 
 
 def _feed(x: Tensor):
