@@ -240,6 +240,8 @@ def test_cli_analyze_hf(tmp_path, llama_dir, monkeypatch):
         (["--input", "data", "--seq-len", "16"], "input: data needs the model's tokenizer"),
         (["--seq-len", "200"], "seq_len: 200 exceeds the model's 128 positions"),
         (["--max-layers", "0"], "max_layers: must be >= 1"),
+        (["--attn-entropy"], "attn_entropy: needs attention logits"),
+        (["--sites", "attn"], "sites: unknown value 'attn'"),
     ],
 )
 def test_cli_analyze_hf_errors(tmp_path, llama_dir, args, message, monkeypatch, capsys):

@@ -221,6 +221,10 @@ def load_run(
     trust_remote_code: bool = False,
 ) -> tuple[HFRun, HFModel, TextWindows | None]:
     """Everything ``nopelab analyze hf:PATH`` needs: settings record, model, text source."""
+    if analysis.attn_entropy:
+        raise ConfigError(
+            "attn_entropy", "needs attention logits, which only native nopelab models expose"
+        )
 
     def check(config: Any, tokenizer: Any) -> None:
         limit = getattr(config, "max_position_embeddings", None) or getattr(
