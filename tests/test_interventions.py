@@ -215,10 +215,14 @@ def test_run_interventions_rows_verdict_and_files(trained: Path, tmp_path: Path)
     cfg = InterventionConfig(fit_samples=16)
     rows = run_interventions(trained, cfg, FAST, ANALYSIS, eval_samples=32, progress=False)
     frame = pd.DataFrame(rows)
-    assert len(frame) == 2 * 5  # layers 1 and 2: unmodified plus four interventions
-    assert list(frame["intervention"][:5]) == ["none", *cfg.interventions]
+    assert len(frame) == 2 * 6  # layers 1 and 2: unmodified plus five interventions
+    assert list(frame["intervention"][:6]) == ["none", *cfg.interventions]
     controls = dict(zip(frame["intervention"], frame["control_of"], strict=True))
     assert controls["shuffle-norm"] == "equalize-norm" and controls["leace-shuffled"] == "leace"
+    assert controls["leace-rotated"] == "leace"
+    for _, group in frame.groupby("layer"):
+        size = group.set_index("intervention")["size"]
+        assert size["leace-rotated"] == pytest.approx(size["leace"], rel=1e-3)
     assert (frame["metric"] == "accuracy").all()
     for _, group in frame.groupby("layer"):
         base = group[group["intervention"] == "none"].iloc[0]
@@ -247,7 +251,7 @@ def test_run_interventions_rows_verdict_and_files(trained: Path, tmp_path: Path)
         v["depends_on"] in ("norm", "position", "norm+position", "position+norm", "neither")
         for v in stored["verdict"]
     )
-    assert len(pd.read_parquet(tmp_path / "interventions.parquet")) == 10
+    assert len(pd.read_parquet(tmp_path / "interventions.parquet")) == 12
 
 
 def test_the_last_residual_norm_does_not_matter(trained: Path) -> None:
@@ -284,6 +288,41 @@ def test_verdict_counts_an_effect_only_beyond_its_margin() -> None:
     assert verdict(loss_rows)[0]["depends_on"] == "norm"
     both = [*rows[:3], rows[3] | {"delta": -0.9}, rows[4]]  # position effect 0.86
     assert verdict(both)[0]["depends_on"] == "position+norm"
+    # a size-matched control that harms as much as LEACE: measured against it, no effect
+    rotated = [*both, row("leace-rotated", 0.4, -0.88, 0.02)]
+    (entry,) = verdict(rotated)
+    assert entry["position_control"] == "leace-rotated"
+    assert entry["position_effect"] == pytest.approx(0.02)
+    assert entry["position_size_ratio"] == pytest.approx(1.0)
+    assert entry["depends_on"] == "norm"
+
+
+def test_rotated_control_moves_as_far_as_leace_and_erases_nothing() -> None:
+    """leace-rotated: every token's edit has LEACE's length, yet position stays linearly
+    decodable, because h -> h + Q(f(h) - h) is invertible."""
+    generator = torch.Generator().manual_seed(0)
+    N, T, d = 48, 12, 16
+    position = torch.arange(T, dtype=torch.float32)[None, :, None]
+    direction = torch.randn(d, generator=generator)
+    acts = torch.randn(N, T, d, generator=generator) + position * direction / T * 4
+    leace = fit_intervention("leace", acts, "scalar")
+    rotated = fit_intervention("leace-rotated", acts, "scalar")
+    h = acts.reshape(-1, d)
+    torch.testing.assert_close(
+        (rotated(h) - h).norm(dim=-1), (leace(h) - h).norm(dim=-1), rtol=1e-4, atol=1e-5
+    )
+    assert edit_size(rotated, acts) == pytest.approx(edit_size(leace, acts), rel=1e-4)
+    y = position.expand(N, T, 1).reshape(-1)
+
+    def r2(x: torch.Tensor) -> float:  # in-sample linear fit of position
+        design = torch.cat([x, torch.ones(len(x), 1)], 1).double()
+        fit = torch.linalg.lstsq(design, y.double()[:, None]).solution
+        residual = y.double() - (design @ fit)[:, 0]
+        return float(1 - residual.var() / y.double().var())
+
+    assert r2(h) > 0.5
+    assert r2(leace(h)) < 0.05  # erased (up to LEACE's covariance shrinkage)
+    assert r2(rotated(h)) == pytest.approx(r2(h), abs=1e-4)  # nothing lost
 
 
 def test_an_impossible_layer_fails_before_any_work(trained: Path) -> None:

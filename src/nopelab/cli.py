@@ -893,7 +893,7 @@ def intervene(
         str | None,
         typer.Option(
             help="Comma-separated: equalize-norm, shuffle-norm (its control), leace, "
-            "leace-shuffled (its control) \\[all four]"
+            "leace-shuffled and leace-rotated (its controls; rotated is size-matched) \\[all]"
         ),
     ] = None,
     concept: Annotated[

@@ -390,7 +390,7 @@ class ProbeConfig:
         _choice("split", self.split, SPLITS)
 
 
-INTERVENTIONS = ("equalize-norm", "shuffle-norm", "leace", "leace-shuffled")
+INTERVENTIONS = ("equalize-norm", "shuffle-norm", "leace", "leace-shuffled", "leace-rotated")
 CONCEPTS = ("onehot", "scalar")
 
 
@@ -400,8 +400,9 @@ class InterventionConfig:
 
     ``equalize-norm`` rescales every token at the site to one common norm (removes the norm and
     variance signal, keeps every direction); ``leace`` erases linearly decodable position with
-    LEACE. ``shuffle-norm`` and ``leace-shuffled`` are their controls: the same operation, the
-    same size, fitted on shuffled positions, so it leaves position alone.
+    LEACE. ``shuffle-norm`` and ``leace-shuffled`` are their controls: the same operation
+    fitted on shuffled positions, so it leaves position alone; ``leace-rotated`` moves every
+    token exactly as far as ``leace`` does, in a randomly rotated direction, losing nothing.
     """
 
     site: str = "attn_out"

@@ -13,10 +13,13 @@ position index, so it applies to any input length (greedy decoding grows the inp
   Concept ``onehot`` erases every linearly decodable position class: up to T−1 directions,
   most of the space when T is close to d, which can wreck a small model whatever it aims at;
   ``scalar`` erases what a linear regression of the position can use (one direction).
-- ``leace-shuffled`` (its control): LEACE fitted on the same activations with the position labels
+- ``leace-shuffled`` (a control): LEACE fitted on the same activations with the position labels
   permuted across tokens: the same kind and rank of edit, not aimed at position. In whitened
   coordinates both remove the same number of dimensions; their Euclidean sizes (the ``size``
-  column, mean ‖Δh‖/‖h‖ on the fit set) can differ, so compare them before reading the verdict.
+  column, mean ‖Δh‖/‖h‖ on the fit set) can differ by several times.
+- ``leace-rotated`` (the size-matched control): LEACE's own edit Δ = f(h) − h turned by a fixed
+  random rotation Q, h ← h + QΔ. Every token moves exactly as far as under LEACE, but the map
+  h ↦ (I − QP)h + const is invertible (P the erased projection), so no information is lost.
 
 LEACE is linear erasure: after it no linear probe beats a constant guess on the fit set, and on
 held-out sequences only the fitting error is left (it shrinks as ``fit_samples`` grows). Position
@@ -69,8 +72,12 @@ EPS = 1e-30
 # library's default (0.01) would drop most of the noise directions the shuffled control is
 # fitted on, so the control would remove fewer directions than LEACE itself.
 SVD_TOL = 1e-6
-CONTROLS = {"shuffle-norm": "equalize-norm", "leace-shuffled": "leace"}
-SIGNALS = {"norm": ("equalize-norm", "shuffle-norm"), "position": ("leace", "leace-shuffled")}
+CONTROLS = {"shuffle-norm": "equalize-norm", "leace-shuffled": "leace", "leace-rotated": "leace"}
+# signal -> (intervention, its controls); the verdict measures against the most harmful control
+SIGNALS = {
+    "norm": ("equalize-norm", ("shuffle-norm",)),
+    "position": ("leace", ("leace-rotated", "leace-shuffled")),
+}
 
 
 class Intervention(Protocol):
@@ -113,6 +120,24 @@ class Erase:
         return h - ((h - bias) @ right.T) @ left.T
 
 
+@dataclass
+class Rotated:
+    """Another intervention's edit turned by a fixed rotation: h ← h + (edit(h) − h) · Qᵀ."""
+
+    edit: Intervention
+    rotation: Tensor  # (d, d) orthogonal
+
+    def __call__(self, h: Tensor) -> Tensor:
+        return h + (self.edit(h) - h) @ self.rotation.to(h.device, h.dtype).T
+
+
+def random_rotation(d: int, seed: int) -> Tensor:
+    """A Haar-random orthogonal (d, d) matrix (QR of a Gaussian, signs fixed)."""
+    gaussian = torch.randn(d, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    q, r = torch.linalg.qr(gaussian)
+    return (q * torch.sign(torch.diagonal(r))).float()
+
+
 def fit_intervention(
     name: str, acts: Tensor, concept: str = "onehot", seed: int = 0
 ) -> Intervention:
@@ -124,6 +149,8 @@ def fit_intervention(
         if name == "equalize-norm":
             return EqualizeNorm(float(norms.mean()))
         return ShuffleNorm((norms.mean() / norms.clamp_min(EPS)).float(), seed)
+    if name == "leace-rotated":
+        return Rotated(fit_intervention("leace", acts, concept, seed), random_rotation(d, seed))
     positions = torch.arange(T).repeat(N)
     if name == "leace-shuffled":
         order = torch.randperm(N * T, generator=torch.Generator().manual_seed(seed))
@@ -348,13 +375,14 @@ def verdict(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per layer, which signal the behaviour depends on.
 
     For each signal (``norm``: equalize-norm against shuffle-norm; ``position``: leace against
-    leace-shuffled) the effect is the harm the intervention does beyond its control: the
-    accuracy it loses, or the loss it adds, more than the control does. A signal counts when its
-    effect exceeds two standard errors of the difference of the two evaluations
-    (2·sqrt(se_i² + se_c²), treating them as independent, which is conservative since they
-    share their examples). ``depends_on`` names the signals that count, the larger effect first,
-    or ``neither``. ``{signal}_size_ratio`` is the intervention's size over its control's: far
-    from 1, part of the effect may be the size of the edit rather than its aim.
+    leace-rotated and leace-shuffled) the effect is the harm the intervention does beyond its
+    most harmful control present (``{signal}_control``): the accuracy it loses, or the loss it
+    adds, more than that control does. A signal counts when its effect exceeds two standard
+    errors of the difference of the two evaluations (2·sqrt(se_i² + se_c²), treating them as
+    independent, which is conservative since they share their examples). ``depends_on`` names
+    the signals that count, the larger effect first, or ``neither``. ``{signal}_size_ratio`` is
+    the intervention's size over that control's: far from 1, part of the effect may be the size
+    of the edit rather than its aim (leace-rotated is 1 by construction).
     """
     by = {(r["layer"], r["intervention"]): r for r in rows}
     verdicts = []
@@ -363,10 +391,13 @@ def verdict(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         sign = -1.0 if base["metric"] == "accuracy" else 1.0
         entry: dict[str, Any] = {"layer": layer, "site": base["site"], "metric": base["metric"]}
         counted = []
-        for signal, (name, control) in SIGNALS.items():
-            if (layer, name) not in by or (layer, control) not in by:
+        for signal, (name, controls) in SIGNALS.items():
+            present = [by[(layer, c)] for c in controls if (layer, c) in by]
+            if (layer, name) not in by or not present:
                 continue
-            edit, ctrl = by[(layer, name)], by[(layer, control)]
+            edit = by[(layer, name)]
+            ctrl = max(present, key=lambda row: sign * row["delta"])  # the most harmful control
+            entry[f"{signal}_control"] = ctrl["intervention"]
             effect = sign * (edit["delta"] - ctrl["delta"])
             margin = 2 * math.hypot(edit["se"], ctrl["se"])
             entry[f"{signal}_effect"], entry[f"{signal}_margin"] = effect, margin

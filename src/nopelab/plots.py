@@ -353,7 +353,7 @@ def _series(series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return series.index.to_numpy(), series.to_numpy()
 
 
-CONTROLS = ("shuffle-norm", "leace-shuffled")
+CONTROLS = ("shuffle-norm", "leace-shuffled", "leace-rotated")
 
 
 def intervention_effects(frame: pd.DataFrame, path: Path, title: str = "") -> None:
@@ -362,7 +362,13 @@ def intervention_effects(frame: pd.DataFrame, path: Path, title: str = "") -> No
     layers = list(dict.fromkeys(frame["layer"]))
     fig, ax = plt.subplots(figsize=(max(5.5, 3.5 + 1.2 * len(layers)), 3.6))
     width = 0.8 / max(1, len(edits))
-    colours = {"equalize-norm": "C0", "shuffle-norm": "C0", "leace": "C1", "leace-shuffled": "C1"}
+    colours = {
+        "equalize-norm": "C0",
+        "shuffle-norm": "C0",
+        "leace": "C1",
+        "leace-shuffled": "C1",
+        "leace-rotated": "C2",
+    }
     for i, name in enumerate(edits):
         group = frame[frame["intervention"] == name].set_index("layer").loc[layers]
         ax.bar(
