@@ -120,6 +120,25 @@ def test_classifiers_are_exact_on_one_hot_positions(kind: str) -> None:
     assert result["baseline_accuracy"] == pytest.approx(1 / T, abs=0.02)
 
 
+def test_mlp_regressor_without_signal_falls_back_to_the_constant() -> None:
+    """Pure-noise features: a regressor that cannot beat the training mean on its validation
+    tokens predicts the mean, so it is never worse than the baseline by more than the gap
+    between mean and median; with a plain signal it never falls back."""
+    generator = torch.Generator().manual_seed(0)
+    N, T = 60, 16
+    targets = position_targets(N, T, "position")
+    splits = sequence_splits(N, 0.2, 3, 0)
+    cfg = ProbeConfig(epochs=20, seeds=3, hidden=256, lr=3e-3)  # big enough to overfit noise
+    noise = torch.randn(N, T, 64, generator=generator)
+    results = fit_probe("mlp-reg", noise, targets, splits, cfg, 0)
+    assert sum(r["constant"] for r in results) >= 2
+    for r in results:
+        if r["constant"]:
+            assert r["mae"] == pytest.approx(r["baseline"], abs=0.5) and r["r"] == 0.0
+    signal = targets[..., None].float() + 0.1 * torch.randn(N, T, 1, generator=generator)
+    assert all(r["constant"] == 0 for r in fit_probe("mlp-reg", signal, targets, splits, cfg, 0))
+
+
 def test_seeds_differ_and_repeat() -> None:
     X = (torch.arange(16.0) + torch.randn(30, 16)).unsqueeze(-1)
     first, again = _fit("mlp-reg", X, 16), _fit("mlp-reg", X, 16)

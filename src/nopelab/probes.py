@@ -111,6 +111,8 @@ def fit_probe(
         else:
             row["mae"] = float((pred - truth).abs().mean())
             row["r"] = _pearson(pred, truth)
+            if kind == "mlp-reg":  # 1 where the probe fell back to the constant
+                row["constant"] = float(predict.constant[e])
         results.append(row)
     return results
 
@@ -156,7 +158,7 @@ def _member_moments(features: Tensor, splits: list[Split], label: str) -> tuple[
 def _pearson(a: Tensor, b: Tensor) -> float:
     a, b = a - a.mean(), b - b.mean()
     denominator = a.norm() * b.norm()
-    return float((a * b).sum() / denominator) if denominator > 0 else float("nan")
+    return float((a * b).sum() / denominator) if denominator > 0 else 0.0  # constant: 0
 
 
 def _ridge(flat, y, mean, std, splits, T, seed):
@@ -223,6 +225,8 @@ def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, de
 
     With at least 5 training sequences, the last tenth of each member's training sequences is
     held out for early stopping: every member keeps the weights of its best validation epoch.
+    A regressor whose best validation loss is still worse than predicting the training mean
+    falls back to that constant (``predict.constant`` says which members did).
     """
     E = train.shape[0]
     n_val = (train.shape[1] // T) // 10 * T
@@ -267,10 +271,14 @@ def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, de
                 best_loss = torch.where(better, loss, best_loss)
                 for kept, p in zip(best, model.parameters(), strict=True):
                     kept[better] = p[better]
+    constant = torch.zeros(E, dtype=torch.bool, device=device)
     if n_val:
         with torch.no_grad():
             for kept, p in zip(best, model.parameters(), strict=True):
                 p.copy_(kept)
+            if not classes:  # the constant predicts z = 0: its loss is the sum of z²
+                z = (y[val].to(device).float() - y_mean) / y_std
+                constant = best_loss > z.square().sum(1)
     model.eval()
 
     @torch.no_grad()
@@ -278,9 +286,12 @@ def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, de
         outs = []
         for start in range(0, tokens.shape[1], 4096):
             out = model(inputs(tokens[:, start : start + 4096]))
-            outs.append(out.argmax(-1) if classes else out.squeeze(-1) * y_std + y_mean)
+            if not classes:
+                out = out.squeeze(-1).masked_fill(constant[:, None], 0.0) * y_std + y_mean
+            outs.append(out.argmax(-1) if classes else out)
         return torch.cat(outs, dim=1).cpu()
 
+    predict.constant = constant.cpu()
     return predict
 
 
