@@ -15,10 +15,12 @@ from nopelab.metrics import (
     adjacency_score,
     adjacency_score_bruteforce,
     cosine_by_distance,
+    cosine_lower,
     cosine_matrix,
     norm_score,
     pair_counts,
     position_variance,
+    symmetric_from_lower,
 )
 
 HYPO = settings(max_examples=60, deadline=None)
@@ -330,3 +332,12 @@ def test_cosine_by_distance_matches_loop() -> None:
     for k in range(T):
         entries = [s[i, i - k] for i in range(k, T)]
         assert out[k] == pytest.approx(sum(entries) / len(entries), rel=1e-12)
+
+
+@pytest.mark.parametrize(("T", "min_block"), [(5, 128), (37, 8), (130, 16), (64, 64)])
+def test_cosine_lower_is_the_lower_triangle_of_the_cosine_matrix(T: int, min_block: int) -> None:
+    h = torch.randn(3, T, 12, generator=torch.Generator().manual_seed(T), dtype=torch.float64)
+    full = cosine_matrix(h)
+    lower = cosine_lower(h, min_block)
+    torch.testing.assert_close(lower.tril(), full.tril())
+    torch.testing.assert_close(symmetric_from_lower(lower), full)

@@ -47,6 +47,32 @@ def cosine_matrix(h: Tensor) -> Tensor:
     return unit @ unit.transpose(-2, -1)
 
 
+def cosine_lower(h: Tensor, min_block: int = 128) -> Tensor:
+    """(B, T, d) -> (B, T, T) whose lower triangle (diagonal included) is the cosine matrix.
+
+    Cosine similarity is symmetric, so row blocks are multiplied only by the columns up to the
+    block's end: about (k + 1) / 2k of the full product for k blocks. Entries above the diagonal
+    blocks are zero; use :func:`symmetric_from_lower` for the full matrix.
+    """
+    unit = h / h.norm(dim=-1, keepdim=True).clamp_min(EPS)
+    T = unit.shape[-2]
+    block = max(min_block, -(-T // 8))
+    if block >= T:
+        return unit @ unit.transpose(-2, -1)
+    out = unit.new_zeros(*unit.shape[:-1], T)
+    for start in range(0, T, block):
+        stop = min(start + block, T)
+        out[..., start:stop, :stop] = unit[..., start:stop, :] @ unit[..., :stop, :].transpose(
+            -2, -1
+        )
+    return out
+
+
+def symmetric_from_lower(lower: Tensor) -> Tensor:
+    """The symmetric matrix whose lower triangle (diagonal included) is ``lower``'s."""
+    return lower.tril() + lower.tril(-1).transpose(-2, -1)
+
+
 @numba.njit(cache=True, nogil=True)
 def _sort_and_count(buf, tmp, n):  # pragma: no cover - compiled
     """Merge-sort ``buf[:n]``; return (#pairs j<k with x_j < x_k, #pairs with x_j == x_k).

@@ -18,9 +18,10 @@ from torch import Tensor
 from nopelab.metrics import (
     adjacency_score,
     cosine_by_distance,
-    cosine_matrix,
+    cosine_lower,
     norm_score,
     position_variance,
+    symmetric_from_lower,
 )
 
 
@@ -82,7 +83,7 @@ class SiteStats:
     def update(self, h: Tensor) -> None:
         h = h.detach().float()
         norms = h.norm(dim=-1)  # (B, T)
-        similarity = cosine_matrix(h)  # (B, T, T)
+        similarity = cosine_lower(h)  # (B, T, T), lower triangle: all that the scores read
         self.samples += h.shape[0]
         self.variance_sum += position_variance(h).sum(0).double()
         self.norm_sum += norms.sum(0).double()
@@ -99,7 +100,7 @@ class SiteStats:
             samples=self.samples,
             variance=(self.variance_sum / n).cpu().numpy(),
             norm=(self.norm_sum / n).cpu().numpy(),
-            cosine=(self.cosine_sum / n).cpu().numpy(),
+            cosine=(symmetric_from_lower(self.cosine_sum) / n).cpu().numpy(),
             adjacency=self.adjacency,
             adjacency_signed=self.adjacency_signed,
             norm_score=self.norm_score,
