@@ -614,3 +614,51 @@ def test_init_is_deterministic_given_the_seed() -> None:
     a, b = init_model("normal"), init_model("normal")
     for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert torch.equal(p, q), n
+
+
+# ------------------------------------------------------------------------------ MLP choice
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_swiglu_runs_with_the_expected_parameter_count(bias: bool) -> None:
+    model = make_model(mlp="swiglu", bias=bias)
+    d, h, V, L = 32, 4 * 32, 32, 2
+    per_block = 4 * d * d + 3 * d * h + 2 * d  # qkv + proj, gate + up + down, two norm gains
+    if bias:
+        per_block += 3 * d + d + 2 * h + d + 2 * d  # qkv, proj, gate + up, down, norm biases
+    expected = V * d + L * per_block + d * (2 if bias else 1)  # tied embedding, final norm
+    assert sum(p.numel() for p in model.parameters()) == expected
+    gelu = make_model(bias=bias)
+    extra = L * (d * h + (h if bias else 0))  # the gate projection
+    assert expected - sum(p.numel() for p in gelu.parameters()) == extra
+    logits = model(tokens(2, 10))
+    assert logits.shape == (2, 10, 32) and torch.isfinite(logits).all()
+    assert max_diff(logits, gelu(tokens(2, 10))) > CHANGED
+
+
+def test_swiglu_down_projection_gets_gpt2_scaling() -> None:
+    model = make_model(mlp="swiglu", init="gpt2", init_std=0.02, d_model=64, n_layers=8)
+    std = {n: p.std().item() for n, p in model.named_parameters() if n.startswith("blocks.0.mlp")}
+    assert std["blocks.0.mlp.proj.weight"] == pytest.approx(0.02 / 4, rel=0.05)
+    assert std["blocks.0.mlp.gate.weight"] == pytest.approx(0.02, rel=0.05)
+
+
+def test_mlp_choice_is_validated(tmp_path, capsys, monkeypatch) -> None:
+    import json
+
+    from conftest import run_cli
+    from nopelab.config import build
+    from nopelab.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(mlp="typo")
+    assert info.value.field == "mlp" and "swiglu" in str(info.value)
+    assert build(ModelConfig, {"d_model": 48}, "config.model").mlp == "gelu"  # older configs
+    tiny = ["analyze", "--layers", "1", "--heads", "2", "--d-model", "16", "--seq-len", "8",
+            "--samples", "2", "--batch-size", "2", "--device", "cpu"]  # fmt: skip
+    assert run_cli([*tiny, "--mlp", "typo", "--out", str(tmp_path / "bad")], monkeypatch) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "mlp" in err, err
+    out = tmp_path / "swiglu"
+    assert run_cli([*tiny, "--mlp", "swiglu", "--out", str(out)], monkeypatch) == 0
+    assert json.loads((out / "config.json").read_text())["model"]["mlp"] == "swiglu"

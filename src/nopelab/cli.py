@@ -102,6 +102,10 @@ InitStd = Annotated[
 Dropout = Annotated[
     float | None, typer.Option(help="Dropout probability [0]", rich_help_panel=MODEL)
 ]
+Mlp = Annotated[
+    str | None,
+    typer.Option(help="gelu | swiglu (Llama-style gated) [gelu]", rich_help_panel=MODEL),
+]
 Out = Annotated[
     Path | None, typer.Option(help="Run directory \\[runs/NAME-TIMESTAMP]", rich_help_panel=OUTPUT)
 ]
@@ -237,7 +241,7 @@ def _probe_flags(arguments: dict[str, Any]) -> dict[str, Any]:
 
 MODEL_FLAGS = (
     "pos_encoding", "nope_layers", "layers", "heads", "d_model", "vocab_size", "max_seq_len",
-    "bidirectional", "norm", "norm_position", "bias", "init", "init_std", "dropout",
+    "bidirectional", "norm", "norm_position", "bias", "init", "init_std", "dropout", "mlp",
 )  # fmt: skip
 
 
@@ -385,6 +389,7 @@ def analyze(
     bias: Bias = None,
     init: Init = None,
     init_std: InitStd = None,
+    mlp: Mlp = None,
     seq_len: SeqLen = None,
     samples: Samples = None,
     batch_size: BatchSize = None,
@@ -499,6 +504,7 @@ def train(
     bias: Bias = None,
     init: Init = None,
     init_std: InitStd = None,
+    mlp: Mlp = None,
     dropout: Dropout = None,
     steps: Annotated[
         int | None, typer.Option(help="Optimiser steps [2000]", rich_help_panel=TRAINING)
@@ -1012,6 +1018,25 @@ def reproduce(
     with staged_run(out, force) as staging:
         runner.run(settings, staging)
     typer.echo(f"wrote {out}; see {out / 'summary.md'}")
+
+
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A training run directory")],
+    out: Annotated[Path, typer.Option(help="Folder for the Hugging Face model")],
+    seed: Annotated[int, typer.Option(help="Seed of the batch the logit check runs on")] = 0,
+    force: Annotated[bool, typer.Option(help="Replace a non-empty --out")] = False,
+) -> None:
+    """Export a trained model as an equivalent Hugging Face model (GPT-2, Llama or SmolLM3),
+    checked to give the same logits; load it with AutoModelForCausalLM.from_pretrained(OUT)."""
+    from nopelab.hf.export import export_run, family
+    from nopelab.rundir import staged_run
+    from nopelab.train import read_run
+
+    family(read_run(run_dir).model)  # an unexportable config fails before anything is written
+    with staged_run(out, force) as staging:
+        name = export_run(run_dir, staging, seed, shown_as=out)
+    typer.echo(f"wrote {out} ({name})")
 
 
 def main() -> None:

@@ -28,6 +28,7 @@ INITS = (
     "pytorch",
 )
 NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
 NORM_POSITIONS = ("pre", "post")
 INPUTS = ("random", "tokens", "data")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -100,6 +101,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     bias: bool = False
     mlp_ratio: int = 4
+    mlp: str = "gelu"  # gelu: fc → GELU → proj; swiglu: proj(silu(gate) * up), as in Llama
     tie_embeddings: bool = True
     dropout: float = 0.0
     init: str = "normal"
@@ -119,6 +121,7 @@ class ModelConfig:
         _choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
         _choice("norm", self.norm, NORMS)
         _choice("norm_position", self.norm_position, NORM_POSITIONS)
+        _choice("mlp", self.mlp, MLPS)
         _choice("init", self.init, INITS)
         _positive("init_std", self.init_std)
         _positive("norm_eps", self.norm_eps)

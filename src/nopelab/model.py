@@ -8,6 +8,9 @@ Positional encodings come in two kinds, each a small swappable part with a null 
   ``ModelConfig.nope_layers`` switches the attention-level encoding off in chosen layers,
   the way SmolLM3 and Llama 4 interleave NoPE layers with RoPE layers.
 
+The MLP is GPT-2's (GELU) or Llama's gated SwiGLU (``ModelConfig.mlp``);
+:mod:`nopelab.hf.export` turns matching configurations into GPT-2, Llama or SmolLM3 models.
+
 Every block exposes named :class:`HookPoint` sites (``attn_out``, ``resid_mid``, ``mlp_out``,
 ``resid_post``); the model exposes ``embed``. Capture code attaches forward hooks to them.
 Attention runs through ``scaled_dot_product_attention`` unless someone hooks the attention
@@ -217,6 +220,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """GPT-2's MLP: ``proj(gelu(fc(x)))`` with the exact (erf) GELU."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         hidden = cfg.mlp_ratio * cfg.d_model
@@ -228,6 +233,25 @@ class MLP(nn.Module):
         return self.dropout(self.proj(F.gelu(self.fc(x))))
 
 
+class SwiGLU(nn.Module):
+    """Llama's gated MLP: ``proj(silu(gate(x)) * up(x))``; ``proj`` is Llama's ``down_proj``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = cfg.mlp_ratio * cfg.d_model
+        self.gate = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
+        self.up = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
+        self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.proj(F.silu(self.gate(x)) * self.up(x)))
+
+
+def make_mlp(cfg: ModelConfig) -> nn.Module:
+    return SwiGLU(cfg) if cfg.mlp == "swiglu" else MLP(cfg)
+
+
 class Block(nn.Module):
     """One transformer layer, pre-LN (GPT-2) or post-LN (original Transformer)."""
 
@@ -236,7 +260,7 @@ class Block(nn.Module):
         self.pre_norm = cfg.norm_position == "pre"
         self.norm_1, self.norm_2 = make_norm(cfg), make_norm(cfg)
         self.attn = Attention(cfg, layer)
-        self.mlp = MLP(cfg)
+        self.mlp = make_mlp(cfg)
         self.hook_attn_out = HookPoint()  # attention output after the projection, before the add
         self.hook_resid_mid = HookPoint()
         self.hook_mlp_out = HookPoint()
