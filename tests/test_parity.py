@@ -163,3 +163,19 @@ def test_smollm3_polarity_matters() -> None:
     idx = tokens()
     with torch.no_grad():
         assert (inverted(input_ids=idx).logits - model(idx)).abs().max() > 0.1
+
+
+def test_rope_equals_mistral_and_qwen2() -> None:
+    """Mistral (no sliding window) and Qwen2 (its q/k/v biases zero) are Llama here too."""
+    model = native(pos_encoding="rope", norm="rmsnorm", mlp="swiglu")
+    mistral = tf.MistralForCausalLM(
+        tf.MistralConfig(**LLAMA, sliding_window=None, head_dim=D // HEADS)
+    )
+    assert_same_function(model, with_native_weights(mistral, model))
+    qwen2 = tf.Qwen2ForCausalLM(tf.Qwen2Config(**LLAMA, use_sliding_window=False))
+    tensors = hf_tensors(model)
+    for i in range(LAYERS):
+        for name in "qkv":
+            tensors[f"model.layers.{i}.self_attn.{name}_proj.bias"] = torch.zeros(D)
+    qwen2.load_state_dict(tensors, strict=True)
+    assert_same_function(model, qwen2.eval())
