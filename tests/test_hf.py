@@ -241,6 +241,11 @@ def test_cli_analyze_hf(tmp_path, llama_dir, monkeypatch):
         (["--seq-len", "200"], "seq_len: 200 exceeds the model's 128 positions"),
         (["--max-layers", "0"], "max_layers: must be >= 1"),
         (["--attn-entropy"], "attn_entropy: needs attention logits"),
+        (
+            ["--input", "tokens", "--seq-len", "16", "--rope-off", "9"],
+            "rope_off: layer 9 is outside 1..4",
+        ),
+        (["--rope-off", "x"], "--rope-off: expected comma-separated layer numbers"),
         (["--sites", "attn"], "sites: unknown value 'attn'"),
     ],
 )
@@ -250,6 +255,16 @@ def test_cli_analyze_hf_errors(tmp_path, llama_dir, args, message, monkeypatch, 
     err = capsys.readouterr().err.strip()
     assert status == 2 and message in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+def test_cli_rope_off_switches_chosen_layers(tmp_path, llama_dir, monkeypatch):
+    out = tmp_path / "run"
+    args = ["analyze", f"hf:{llama_dir}", "--input", "tokens", "--seq-len", "16", "--samples", "2",
+            "--sites", "resid_post", "--rope-off", "1,3", "--out", str(out)]  # fmt: skip
+    assert run_cli(args, monkeypatch) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert [u["layer"] for u in summary["position_use"] if u["uses_position"]] == [2, 4]
+    assert json.loads((out / "config.json").read_text())["model"]["rope_off"] == [1, 3]
 
 
 def test_cli_hf_flags_need_an_hf_model(tmp_path, monkeypatch, capsys):

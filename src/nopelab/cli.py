@@ -173,7 +173,14 @@ TrustRemoteCode = Annotated[
         rich_help_panel=HF,
     ),
 ]
-HF_FLAGS = ("text", "max_layers", "trust_remote_code")
+RopeOff = Annotated[
+    str | None,
+    typer.Option(
+        help="Switch RoPE off in these layers of an hf: model, e.g. 4,8,12, or all \\[none]",
+        rich_help_panel=HF,
+    ),
+]
+HF_FLAGS = ("text", "max_layers", "trust_remote_code", "rope_off")
 
 ProbeLayers = Annotated[
     str | None,
@@ -273,6 +280,10 @@ def _merge(data: dict[str, Any], section: str, flags: dict[str, Any]) -> None:
     table.update({k: v for k, v in flags.items() if v is not None})
 
 
+def _layers_or_all(text: str | None, flag: str) -> tuple[int, ...] | str | None:
+    return "all" if text == "all" else _ints(text, flag)
+
+
 def _hf_path(run_dir: Path | None) -> str | None:
     """``PATH`` of an ``hf:PATH`` argument, else ``None``."""
     return str(run_dir)[3:] if run_dir is not None and str(run_dir).startswith("hf:") else None
@@ -343,6 +354,7 @@ def _model_and_analysis(
             text=hf_flags.get("text") or "default",
             max_layers=hf_flags.get("max_layers"),
             trust_remote_code=bool(hf_flags.get("trust_remote_code")),
+            rope_off=_layers_or_all(hf_flags.get("rope_off"), "--rope-off"),
         )
     if run_dir is not None:
         from nopelab.train import load_trained, make_source
@@ -402,6 +414,7 @@ def analyze(
     text: Text = None,
     max_layers: MaxLayers = None,
     trust_remote_code: TrustRemoteCode = False,
+    rope_off: RopeOff = None,
     out: Out = None,
     force: Force = False,
 ) -> None:
@@ -727,6 +740,7 @@ def probe(
     text: Text = None,
     max_layers: MaxLayers = None,
     trust_remote_code: TrustRemoteCode = False,
+    rope_off: RopeOff = None,
     out: Out = None,
     force: Force = False,
 ) -> None:

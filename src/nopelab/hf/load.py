@@ -219,8 +219,12 @@ def load_run(
     text: str = "default",
     max_layers: int | None = None,
     trust_remote_code: bool = False,
+    rope_off: tuple[int, ...] | str | None = None,
 ) -> tuple[HFRun, HFModel, TextWindows | None]:
-    """Everything ``nopelab analyze hf:PATH`` needs: settings record, model, text source."""
+    """Everything ``nopelab analyze hf:PATH`` needs: settings record, model, text source.
+
+    ``rope_off``: layers (1-based) whose RoPE is switched off for the whole run, or ``"all"``.
+    """
     if analysis.attn_entropy:
         raise ConfigError(
             "attn_entropy", "needs attention logits, which only native nopelab models expose"
@@ -240,6 +244,12 @@ def load_run(
             )
 
     model, tokenizer, files = load_model(path, trust_remote_code, max_layers, check)
+    if rope_off:
+        from nopelab.hf.positions import switch_rope_off
+
+        layers = range(1, model.cfg.n_layers + 1) if rope_off == "all" else rope_off
+        rope_off = tuple(layers)
+        switch_rope_off(model, rope_off)
     source = TextWindows(tokenizer, text) if analysis.input == "data" else None
     record = {
         "hf": str(path),
@@ -250,6 +260,7 @@ def load_run(
         "d_model": model.cfg.d_model,
         "vocab_size": model.cfg.vocab_size,
         "text": text if analysis.input == "data" else None,
+        "rope_off": list(rope_off or ()),
     }
     return HFRun(record, analysis), model, source
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from torch import Tensor
+from torch.utils.hooks import RemovableHandle
 
 from nopelab.errors import ConfigError
 from nopelab.hf.sites import HFModel
@@ -124,9 +125,9 @@ def _keep(seen: dict[int, Tensor], layer: int):
     return hook
 
 
-@contextmanager
-def rope_off(model: HFModel, layers: Iterable[int]) -> Iterator[None]:
-    """Inside the block, the attention of ``layers`` (1-based) gets the identity rotation."""
+def switch_rope_off(model: HFModel, layers: Iterable[int]) -> list[RemovableHandle]:
+    """From now on, the attention of ``layers`` (1-based) gets the identity rotation; remove the
+    returned hooks to undo it."""
     layers = sorted(set(layers))
     if not model.arch.rope:
         raise ConfigError(
@@ -136,10 +137,16 @@ def rope_off(model: HFModel, layers: Iterable[int]) -> Iterator[None]:
         if not 1 <= layer <= model.cfg.n_layers:
             raise ConfigError("rope_off", f"layer {layer} is outside 1..{model.cfg.n_layers}")
     modules = model.attention_modules()
-    handles = [
+    return [
         modules[layer - 1].register_forward_pre_hook(_identity_rotation, with_kwargs=True)
         for layer in layers
     ]
+
+
+@contextmanager
+def rope_off(model: HFModel, layers: Iterable[int]) -> Iterator[None]:
+    """Inside the block, the attention of ``layers`` (1-based) gets the identity rotation."""
+    handles = switch_rope_off(model, layers)
     try:
         yield
     finally:
