@@ -102,22 +102,29 @@ def cosine_heatmaps(
     _save(fig, path)
 
 
+def _score_lines(ax: plt.Axes, rows: pd.DataFrame, x: str, score: str, by: str) -> None:
+    """``score`` (mean ± std over samples) against ``x``, a line per value of ``by``, with the
+    chance level 0.5 dotted."""
+    for label, group in rows.groupby(by, sort=False):
+        ax.errorbar(
+            group[x],
+            group[f"{score}_mean"],
+            yerr=group[f"{score}_std"],
+            marker="o",
+            ms=3,
+            capsize=2,
+            label=str(label),
+        )
+    ax.axhline(0.5, color="grey", ls=":", lw=1)
+    ax.set(ylim=(0, 1.02))
+
+
 def scores_by_layer(rows: pd.DataFrame, path: Path, title: str = "") -> None:
     """Adjacency and norm scores (mean ± std over samples) per layer, one line per site."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
     for ax, score in zip(axes, ("adjacency", "norm_score"), strict=True):
-        for site, group in rows.groupby("site", sort=False):
-            ax.errorbar(
-                group["layer"],
-                group[f"{score}_mean"],
-                yerr=group[f"{score}_std"],
-                marker="o",
-                ms=3,
-                capsize=2,
-                label=site,
-            )
-        ax.axhline(0.5, color="grey", ls=":", lw=1)
-        ax.set(xlabel="layer", ylabel=score.replace("_", " "), ylim=(0, 1.02))
+        _score_lines(ax, rows, "layer", score, "site")
+        ax.set(xlabel="layer", ylabel=score.replace("_", " "))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     if title:
@@ -133,18 +140,8 @@ def scores_by_variant(rows: pd.DataFrame, path: Path, title: str = "") -> None:
         1, len(sites), figsize=(4.2 * len(sites), 3.6), squeeze=False, layout="constrained"
     )
     for ax, site in zip(axes.flat, sites, strict=True):
-        for variant, group in rows[rows["site"] == site].groupby("variant", sort=False):
-            ax.errorbar(
-                group["layer"],
-                group["adjacency_mean"],
-                yerr=group["adjacency_std"],
-                marker="o",
-                ms=3,
-                capsize=2,
-                label=str(variant),
-            )
-        ax.axhline(0.5, color="grey", ls=":", lw=1)
-        ax.set(xlabel="layer", ylabel="adjacency score", title=site, ylim=(0, 1.02))
+        _score_lines(ax, rows[rows["site"] == site], "layer", "adjacency", "variant")
+        ax.set(xlabel="layer", ylabel="adjacency score", title=site)
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=7)
     if title:
@@ -170,19 +167,11 @@ def score_against_init(scores: pd.DataFrame, path: Path, title: str = "") -> Non
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True, layout="constrained")
     for ax, init in zip(axes, ("normal", "uniform"), strict=True):
         subset = scores[scores["init"] == init].sort_values("init_std")
-        for layer, group in subset.groupby("layer"):
-            ax.errorbar(
-                group["init_std"],
-                group["adjacency_mean"],
-                yerr=group["adjacency_std"],
-                marker="o",
-                ms=3,
-                capsize=2,
-                label=f"L{layer}",
-            )
-        ax.axhline(0.5, color="grey", ls=":", lw=1)
+        _score_lines(
+            ax, subset.assign(L="L" + subset["layer"].astype(str)), "init_std", "adjacency", "L"
+        )
         symbol = "σ" if init == "normal" else "a"
-        ax.set(xscale="log", xlabel=f"{init} init scale {symbol}", ylim=(0, 1.02))
+        ax.set(xscale="log", xlabel=f"{init} init scale {symbol}")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("adjacency score (attn_out)")
     axes[0].legend(fontsize=7)
