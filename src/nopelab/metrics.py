@@ -43,8 +43,12 @@ def position_variance(h: Tensor) -> Tensor:
 
 def cosine_matrix(h: Tensor) -> Tensor:
     """(B, T, d) -> (B, T, T): cosine similarity of every pair of positions (zero vectors give 0)."""
-    unit = h / h.norm(dim=-1, keepdim=True).clamp_min(EPS)
+    unit = _unit(h)
     return unit @ unit.transpose(-2, -1)
+
+
+def _unit(h: Tensor) -> Tensor:
+    return h / h.norm(dim=-1, keepdim=True).clamp_min(EPS)
 
 
 def cosine_lower(h: Tensor, min_block: int = 128) -> Tensor:
@@ -54,7 +58,7 @@ def cosine_lower(h: Tensor, min_block: int = 128) -> Tensor:
     block's end: about (k + 1) / 2k of the full product for k blocks. Entries above the diagonal
     blocks are zero; use :func:`symmetric_from_lower` for the full matrix.
     """
-    unit = h / h.norm(dim=-1, keepdim=True).clamp_min(EPS)
+    unit = _unit(h)
     T = unit.shape[-2]
     block = max(min_block, -(-T // 8))
     if block >= T:
