@@ -132,7 +132,7 @@ def run(s: Settings, out: Path) -> None:
     frames, probes, losses, uses, heatmaps = [], [], [], [], {}
     switched_off = variants(model.cfg.n_layers)
     for name, layers in switched_off.items():
-        with rope_off(model, layers) if layers else nullcontext():
+        with rope_off(model, layers):
             use = position_use(model, seed=s.analysis.seed)
             uses.append(
                 {
