@@ -30,7 +30,7 @@ from nopelab.metrics import (
     position_variance,
 )
 from nopelab.model import Transformer
-from timing import best_of
+from timing import best_of, best_of_interleaved
 
 
 @torch.inference_mode()
@@ -47,9 +47,15 @@ def forward_costs(seq_len: int, batch: int, repeats: int, seed: int) -> None:
 
         return run
 
-    bare = best_of(lambda: model(inputs_embeds=x), repeats)
-    stats = best_of(with_stats(False), repeats)
-    entropy = best_of(with_stats(True), repeats)
+    times = best_of_interleaved(
+        {
+            "bare": lambda: model(inputs_embeds=x),
+            "stats": with_stats(False),
+            "entropy": with_stats(True),
+        },
+        repeats,
+    )
+    bare, stats, entropy = times["bare"], times["stats"], times["entropy"]
     sites = 1 + 4 * cfg.n_layers
     print(f"\nT = {seq_len}, batch {batch}, {sites} sites (d = 768, 12 heads, 12 layers)")
     print(f"  bare forward                      {bare:8.3f} s")
