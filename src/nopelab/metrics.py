@@ -78,57 +78,96 @@ def symmetric_from_lower(lower: Tensor) -> Tensor:
 
 
 @numba.njit(cache=True, nogil=True)
-def _sort_and_count(buf, tmp, n):  # pragma: no cover - compiled
-    """Merge-sort ``buf[:n]``; return (#pairs j<k with x_j < x_k, #pairs with x_j == x_k).
-
-    Bottom-up, alternating between the two buffers, with a branch-free merge step: when the
-    left head is smaller than the right head it is smaller than every remaining right element.
-    """
+def _merge(src, dst, i, mid, j, hi, o):  # pragma: no cover - compiled
+    """Finish merging the sorted runs ``src[i:mid]`` and ``src[j:hi]`` into ``dst[o:]``; return
+    the pairs (left, right) with left < right. Branch-free step: when the left head is smaller
+    than the right head it is smaller than every remaining right element."""
     increasing = 0
-    src, dst = buf, tmp
-    width = 1
-    while width < n:
-        for lo in range(0, n, 2 * width):
-            mid = min(lo + width, n)
-            hi = min(lo + 2 * width, n)
-            i, j, o = lo, mid, lo
-            while i < mid and j < hi:
-                left, right = src[i], src[j]
-                take_left = left < right
-                increasing += (hi - j) * take_left
-                dst[o] = left if take_left else right
-                i += take_left
-                j += 1 - take_left
-                o += 1
-            while i < mid:
-                dst[o] = src[i]
-                i += 1
-                o += 1
-            while j < hi:
-                dst[o] = src[j]
-                j += 1
-                o += 1
-        src, dst = dst, src
-        width *= 2
+    while i < mid and j < hi:
+        left, right = src[i], src[j]
+        take_left = left < right
+        increasing += (hi - j) * take_left
+        dst[o] = left if take_left else right
+        i += take_left
+        j += 1 - take_left
+        o += 1
+    while i < mid:
+        dst[o] = src[i]
+        i += 1
+        o += 1
+    while j < hi:
+        dst[o] = src[j]
+        j += 1
+        o += 1
+    return increasing
+
+
+@numba.njit(cache=True, nogil=True)
+def _ties(x, n):  # pragma: no cover - compiled
+    """Tied pairs in the sorted ``x[:n]``."""
     ties = 0
     run = 0
     for t in range(1, n):
-        run = run + 1 if src[t] == src[t - 1] else 0
+        run = run + 1 if x[t] == x[t - 1] else 0
         ties += run
-    return increasing, ties
+    return ties
+
+
+@numba.njit(cache=True, nogil=True)
+def _sort_and_count_two(a, ta, na, b, tb, nb):  # pragma: no cover - compiled
+    """Merge-sort ``a[:na]`` and ``b[:nb]`` bottom-up, alternating with the buffers ``ta``, ``tb``;
+    return each row's (#pairs j<k with x_j < x_k, #pairs with x_j == x_k).
+
+    The two rows' merges run in one loop while both have elements left: two independent
+    dependency chains, which a single latency-bound merge leaves the CPU idle for.
+    """
+    inc_a, inc_b = 0, 0
+    sa, da, sb, db = a, ta, b, tb
+    n = max(na, nb)
+    width = 1
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid_a, hi_a = min(lo + width, na), min(lo + 2 * width, na)
+            mid_b, hi_b = min(lo + width, nb), min(lo + 2 * width, nb)
+            ia, ja, oa = lo, mid_a, lo
+            ib, jb, ob = lo, mid_b, lo
+            while ia < mid_a and ja < hi_a and ib < mid_b and jb < hi_b:
+                left_a, right_a, left_b, right_b = sa[ia], sa[ja], sb[ib], sb[jb]
+                take_a, take_b = left_a < right_a, left_b < right_b
+                inc_a += (hi_a - ja) * take_a
+                inc_b += (hi_b - jb) * take_b
+                da[oa] = left_a if take_a else right_a
+                db[ob] = left_b if take_b else right_b
+                ia, ja, oa = ia + take_a, ja + 1 - take_a, oa + 1
+                ib, jb, ob = ib + take_b, jb + 1 - take_b, ob + 1
+            if lo < na:
+                inc_a += _merge(sa, da, ia, mid_a, ja, hi_a, oa)
+            if lo < nb:
+                inc_b += _merge(sb, db, ib, mid_b, jb, hi_b, ob)
+        sa, da, sb, db = da, sa, db, sb
+        width *= 2
+    return inc_a, _ties(sa, na), inc_b, _ties(sb, nb)
 
 
 @numba.njit(cache=True, parallel=True)
 def _pair_counts(rows, lengths):  # pragma: no cover - compiled
-    """For each row r, count ordered and tied pairs among its first ``lengths[r]`` entries."""
+    """For each row r, count ordered and tied pairs among its first ``lengths[r]`` entries;
+    rows go two at a time (an odd last row with an empty partner)."""
     R = rows.shape[0]
     increasing = np.zeros(R, np.int64)
     ties = np.zeros(R, np.int64)
-    for r in numba.prange(R):
-        n = lengths[r]
-        buf = rows[r, :n].copy()
-        tmp = np.empty(n, rows.dtype)
-        increasing[r], ties[r] = _sort_and_count(buf, tmp, n)
+    for p in numba.prange((R + 1) // 2):
+        r = 2 * p
+        na = lengths[r]
+        nb = lengths[r + 1] if r + 1 < R else 0
+        a = rows[r, :na].copy()
+        b = rows[min(r + 1, R - 1), :nb].copy()
+        inc_a, ties_a, inc_b, ties_b = _sort_and_count_two(
+            a, np.empty(na, rows.dtype), na, b, np.empty(nb, rows.dtype), nb
+        )
+        increasing[r], ties[r] = inc_a, ties_a
+        if r + 1 < R:
+            increasing[r + 1], ties[r + 1] = inc_b, ties_b
     return increasing, ties
 
 
