@@ -286,9 +286,10 @@ def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, de
         outs = []
         for start in range(0, tokens.shape[1], 4096):
             out = model(inputs(tokens[:, start : start + 4096]))
-            if not classes:
-                out = out.squeeze(-1).masked_fill(constant[:, None], 0.0) * y_std + y_mean
-            outs.append(out.argmax(-1) if classes else out)
+            if classes:
+                outs.append(out.argmax(-1))
+            else:  # a member that fell back predicts z = 0, the training mean
+                outs.append(out.squeeze(-1).masked_fill(constant[:, None], 0.0) * y_std + y_mean)
         return torch.cat(outs, dim=1).cpu()
 
     predict.constant = constant.cpu()

@@ -26,7 +26,7 @@ from torch import Tensor
 from nopelab.config import AnalysisConfig
 from nopelab.corpus import TokenStream, default_corpus, load_text
 from nopelab.errors import ConfigError
-from nopelab.hf.sites import HFModel, architecture
+from nopelab.hf.sites import HFModel, architecture, check_max_layers
 
 FIELD = "model"
 TAIL = 0.05  # share of the default corpus that nopelab's own LMs never train on
@@ -152,8 +152,7 @@ def load_model(
     files = locate(path)
     config = read_config(files, trust_remote_code)
     architecture(config.model_type)
-    if max_layers is not None and max_layers < 1:
-        raise ConfigError("max_layers", f"must be >= 1, got {max_layers}")
+    check_max_layers(max_layers)  # before the weights are read
     transformers.logging.set_verbosity_error()
     if not sys.stderr.isatty():
         transformers.logging.disable_progress_bar()

@@ -62,6 +62,11 @@ def architecture(model_type: str) -> Architecture:
     return ARCHITECTURES[model_type]
 
 
+def check_max_layers(max_layers: int | None) -> None:
+    if max_layers is not None and max_layers < 1:
+        raise ConfigError("max_layers", f"must be >= 1, got {max_layers}")
+
+
 @dataclass(frozen=True)
 class HFSpec:
     """The few facts about a Hugging Face model that nopelab's analysis code reads (``model.cfg``)."""
@@ -101,8 +106,7 @@ class HFModel(nn.Module):
         self.arch = architecture(config.model_type)
         self.layers: nn.ModuleList = attrgetter(self.arch.layers)(hf)
         total = len(self.layers)
-        if max_layers is not None and max_layers < 1:
-            raise ConfigError("max_layers", f"must be >= 1, got {max_layers}")
+        check_max_layers(max_layers)
         n_layers = min(max_layers or total, total)
         self.cfg = HFSpec(config.model_type, config.hidden_size, n_layers, config.vocab_size, total)
 
