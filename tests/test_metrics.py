@@ -12,11 +12,14 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from nopelab.metrics import (
+    AdjacencyCounts,
+    _sort8,
+    adjacency_counts,
     adjacency_score,
     adjacency_score_bruteforce,
     cosine_by_distance,
-    cosine_lower,
     cosine_matrix,
+    cosine_row_blocks,
     norm_score,
     pair_counts,
     position_variance,
@@ -247,7 +250,7 @@ def test_norm_score_direction() -> None:
 def rows_and_lengths(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
     R = draw(st.integers(1, 6))
     T = draw(st.integers(1, 20))
-    rows = draw(arrays(np.float64, (R, T), elements=st.sampled_from([-2.0, 0.0, 1.0, 7.5])))
+    rows = draw(arrays(np.float64, (R, T), elements=st.sampled_from([-2.0, -0.0, 0.0, 1.0, 7.5])))
     lengths = draw(arrays(np.int64, (R,), elements=st.integers(0, T)))
     return rows, lengths
 
@@ -257,24 +260,59 @@ def rows_and_lengths(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
 def test_pair_counts_match_double_loop(data: tuple[np.ndarray, np.ndarray]) -> None:
     rows, lengths = data
     before = rows.copy()
-    less, equal = pair_counts(rows, lengths)
+    counts = pair_counts(rows, lengths)
+    less, equal = counts.less, counts.equal
+    assert not counts.nan.any()
     for r in range(len(rows)):
         assert (less[r], equal[r]) == loop_pair_counts(rows[r], int(lengths[r]))
     np.testing.assert_array_equal(rows, before)  # input is not sorted in place
 
 
-def test_pair_counts_long_rows() -> None:
-    """Rows longer than a few merge passes (n up to 300), random lengths."""
+@pytest.mark.parametrize("ties", [True, False])
+def test_pair_counts_long_rows(ties: bool) -> None:
+    """Rows longer than a few merge passes (n up to 300), lengths off the runs of 8."""
     rng = np.random.default_rng(3)
-    rows = rng.integers(0, 50, size=(5, 300)).astype(np.float32)
+    values = rng.integers(0, 50, size=(5, 300)) if ties else rng.standard_normal((5, 300))
+    rows = values.astype(np.float32)
     lengths = np.array([300, 1, 0, 257, 128])
-    less, equal = pair_counts(rows, lengths)
+    less, equal, _ = pair_counts(rows, lengths)
     for r in range(5):
         n = lengths[r]
         x = rows[r, :n].astype(np.float64)
         upper = np.triu(np.ones((n, n), dtype=bool), k=1)
         assert less[r] == ((x[:, None] < x[None, :]) & upper).sum()
         assert equal[r] == ((x[:, None] == x[None, :]) & upper).sum()
+
+
+def test_sorting_network_sorts_and_counts_every_zero_one_input() -> None:
+    """By the 0-1 principle a network that sorts all 256 0-1 inputs sorts every input."""
+    for code in range(256):
+        x = np.array([(code >> bit) & 1 for bit in range(8)], dtype=np.int32)
+        expected_less, _ = loop_pair_counts(x, 8)
+        y = np.concatenate([[9], x, [-9]]).astype(np.int32)  # neighbours stay put
+        assert _sort8(y, 1) == expected_less
+        np.testing.assert_array_equal(y, np.concatenate([[9], np.sort(x), [-9]]))
+
+
+def test_pair_counts_float64_keeps_differences_below_float32_precision() -> None:
+    rows = np.array([[1.0, 1.0 + 1e-12, 1.0, -1e-300, 0.0]])
+    less, equal, _ = pair_counts(rows, np.array([5]))
+    assert (less[0], equal[0]) == loop_pair_counts(rows[0], 5) == (2, 1)
+
+
+def test_nan_gives_nan_score_for_its_sample_only() -> None:
+    rng = np.random.default_rng(0)
+    s = rng.standard_normal((3, 12, 12))
+    clean = adjacency_score(s)
+    s[1, 7, 2] = np.nan  # below the diagonal: read by the score
+    s[2, 2, 7] = np.nan  # above it: never read
+    res = adjacency_score(s)
+    assert np.isnan(res.score[1]) and np.isnan(res.signed[1])
+    np.testing.assert_array_equal(res.score[[0, 2]], clean.score[[0, 2]])
+    norms = np.abs(rng.standard_normal((2, 9)))
+    norms[0, 4] = np.nan
+    by_norm = norm_score(norms)
+    assert np.isnan(by_norm.score[0]) and not np.isnan(by_norm.score[1])
 
 
 # ----------------------------------------------------------- cosine, variance, distance
@@ -335,9 +373,28 @@ def test_cosine_by_distance_matches_loop() -> None:
 
 
 @pytest.mark.parametrize(("T", "min_block"), [(5, 128), (37, 8), (130, 16), (64, 64)])
-def test_cosine_lower_is_the_lower_triangle_of_the_cosine_matrix(T: int, min_block: int) -> None:
+def test_cosine_row_blocks_tile_the_lower_triangle(T: int, min_block: int) -> None:
     h = torch.randn(3, T, 12, generator=torch.Generator().manual_seed(T), dtype=torch.float64)
     full = cosine_matrix(h)
-    lower = cosine_lower(h, min_block)
-    torch.testing.assert_close(lower.tril(), full.tril())
+    lower = torch.zeros_like(full)
+    next_row = 0
+    for start, block in cosine_row_blocks(h, min_block):
+        stop = block.shape[-1]
+        assert start == next_row and block.shape == (3, stop - start, stop)
+        torch.testing.assert_close(block, full[:, start:stop, :stop])
+        lower[:, start:stop, :stop] = block
+        next_row = stop
+    assert next_row == T
     torch.testing.assert_close(symmetric_from_lower(lower), full)
+
+
+def test_adjacency_counts_add_up_over_row_blocks() -> None:
+    h = torch.randn(2, 150, 16, generator=torch.Generator().manual_seed(1))
+    h[1, 100] = float("nan")
+    counts = AdjacencyCounts.zeros(2)
+    for start, block in cosine_row_blocks(h, min_block=16):
+        counts += adjacency_counts(block, start)
+    whole = adjacency_score(cosine_matrix(h))
+    np.testing.assert_array_equal(counts.scores(150).score, whole.score)
+    np.testing.assert_array_equal(counts.scores(150).signed, whole.signed)
+    assert np.isnan(whole.score[1]) and not np.isnan(whole.score[0])

@@ -16,9 +16,10 @@ import torch
 from torch import Tensor
 
 from nopelab.metrics import (
-    adjacency_score,
+    AdjacencyCounts,
+    adjacency_counts,
     cosine_by_distance,
-    cosine_lower,
+    cosine_row_blocks,
     norm_score,
     position_variance,
     symmetric_from_lower,
@@ -82,13 +83,18 @@ class SiteStats:
     @torch.no_grad()
     def update(self, h: Tensor) -> None:
         h = h.detach().float()
+        B, T, _ = h.shape
         norms = h.norm(dim=-1)  # (B, T)
-        similarity = cosine_lower(h)  # (B, T, T), lower triangle: all that the scores read
-        self.samples += h.shape[0]
+        self.samples += B
         self.variance_sum += position_variance(h).sum(0).double()
         self.norm_sum += norms.sum(0).double()
-        self.cosine_sum += similarity.sum(0).double()
-        adjacency, by_norm = adjacency_score(similarity), norm_score(norms)
+        # The cosine matrix's lower triangle, a row block at a time: all that the scores read.
+        counts = AdjacencyCounts.zeros(B)
+        for start, block in cosine_row_blocks(h):  # (B, rows, stop)
+            stop = block.shape[-1]
+            self.cosine_sum[start:stop, :stop] += block.sum(0)
+            counts += adjacency_counts(block, start)
+        adjacency, by_norm = counts.scores(T), norm_score(norms)
         self.adjacency.update(adjacency.score)
         self.adjacency_signed.update(adjacency.signed)
         self.norm_score.update(by_norm.score)
