@@ -379,11 +379,19 @@ def test_input_encoding_is_added_to_the_embedding(pe: str) -> None:
         tok = model.embed(idx)
     if pe == "learned":
         expected = tok + model.pos.table.weight[:10]
-    elif pe == "sinusoidal":
-        expected = tok + sinusoidal_table(10, 32).double()
+    elif pe == "sinusoidal":  # Vaswani et al. scale token embeddings by sqrt(d_model) = sqrt(32)
+        expected = tok * math.sqrt(32) + sinusoidal_table(10, 32).double()
     else:
         expected = tok
     assert max_diff(acts["e"], expected) < TIGHT
+
+
+def test_sinusoidal_leaves_given_input_vectors_unscaled() -> None:
+    model = make_model(pos_encoding="sinusoidal")
+    x = torch.randn(2, 10, 32, dtype=torch.float64)
+    with torch.no_grad(), capture({"e": model.hook_embed}) as acts:
+        model(inputs_embeds=x)
+    assert max_diff(acts["e"], x + sinusoidal_table(10, 32).double()) < TIGHT
 
 
 def test_learned_pe_rejects_sequences_longer_than_the_table() -> None:

@@ -76,8 +76,8 @@ def symmetric_from_lower(lower: Tensor) -> Tensor:
 
 
 # The pair counter below merge-sorts each row bottom-up and counts, at every merge, the pairs
-# (left element, right element) in increasing order. Its speed comes from four choices, each
-# measured in benchmarks/bench_stats.py's kernel: (1) rows become order-preserving integer keys,
+# (left element, right element) in increasing order. Its speed comes from four choices (2.2x
+# together on one thread; README, Performance): (1) rows become order-preserving integer keys,
 # since integer compares have a shorter latency than float ones; (2) runs of 8 are sorted and
 # counted by a branch-free sorting network instead of three levels of tiny merges; (3) two rows'
 # merges run interleaved in one loop, two independent dependency chains, with no bounds check
