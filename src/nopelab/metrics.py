@@ -265,13 +265,13 @@ def _pair_counts(rows, lengths, key_type):  # pragma: no cover - compiled
         na = lengths[a]
         nb = lengths[b] if b != a else 0
         keys = np.empty(na + nb, key_type)
-        nan[a] = _to_keys(rows[a, :na], keys[:na], key_type)
-        nan[b] |= _to_keys(rows[b, :nb], keys[na:], key_type)
+        nan_a = _to_keys(rows[a, :na], keys[:na], key_type)
+        nan_b = _to_keys(rows[b, :nb], keys[na:], key_type)
         within_a, within_b = _sort_runs(keys, 0, na), _sort_runs(keys, na, na + nb)
         keys, across_a, across_b = _merge_sort_two(keys, np.empty_like(keys), _u64(na), _u64(nb))
-        increasing[a], ties[a] = within_a + across_a, _ties(keys, 0, na)
+        increasing[a], ties[a], nan[a] = within_a + across_a, _ties(keys, 0, na), nan_a
         if b != a:
-            increasing[b], ties[b] = within_b + across_b, _ties(keys, na, na + nb)
+            increasing[b], ties[b], nan[b] = within_b + across_b, _ties(keys, na, na + nb), nan_b
     return increasing, ties, nan
 
 
