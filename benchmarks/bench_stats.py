@@ -19,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from nopelab.allocator import keep_freed_memory
 from nopelab.capture import StreamingCapture
 from nopelab.config import SITES, ModelConfig
 from nopelab.metrics import (
@@ -105,7 +106,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0, help="seed for weights and inputs")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    kept = keep_freed_memory()  # as the nopelab command does: no page faults on buffer reuse
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, freed memory kept: {kept}"
+    )
     forward_costs(512, batch=4, repeats=args.repeats, seed=args.seed)
     if not args.quick:
         forward_costs(2048, batch=1, repeats=args.repeats, seed=args.seed)

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from nopelab.allocator import keep_freed_memory
 from nopelab.errors import UserError
 
 app = typer.Typer(
@@ -1057,6 +1058,7 @@ def export(
 
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit status 2."""
+    keep_freed_memory()
     try:
         app(standalone_mode=False)
     except UserError as exc:
