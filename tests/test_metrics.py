@@ -386,6 +386,9 @@ def test_cosine_row_blocks_tile_the_lower_triangle(T: int, min_block: int) -> No
         next_row = stop
     assert next_row == T
     torch.testing.assert_close(symmetric_from_lower(lower), full)
+    given_norms = cosine_row_blocks(h, min_block, norms=h.norm(dim=-1))
+    for (_, block), (_, again) in zip(cosine_row_blocks(h, min_block), given_norms, strict=True):
+        torch.testing.assert_close(again, block, atol=0, rtol=0)
 
 
 def test_adjacency_counts_add_up_over_row_blocks() -> None:

@@ -50,19 +50,23 @@ def cosine_matrix(h: Tensor) -> Tensor:
     return unit @ unit.transpose(-2, -1)
 
 
-def _unit(h: Tensor) -> Tensor:
-    return h / h.norm(dim=-1, keepdim=True).clamp_min(EPS)
+def _unit(h: Tensor, norms: Tensor | None = None) -> Tensor:
+    norms = h.norm(dim=-1) if norms is None else norms
+    return h / norms.unsqueeze(-1).clamp_min(EPS)
 
 
-def cosine_row_blocks(h: Tensor, min_block: int = 64) -> Iterator[tuple[int, Tensor]]:
+def cosine_row_blocks(
+    h: Tensor, min_block: int = 64, norms: Tensor | None = None
+) -> Iterator[tuple[int, Tensor]]:
     """The cosine matrix's lower triangle (diagonal included) in row blocks, without the rest.
 
     Yields ``(start, block)`` with ``block = S[:, start:stop, :stop]``, shape (B, stop - start,
     stop): cosine similarity is symmetric, so a row block needs only the columns up to its end,
     about (k + 1) / 2k of the full product for k blocks (here 8, of at least ``min_block`` rows).
     Each block is a fresh contiguous tensor: nothing of size T x T is allocated or copied.
+    ``norms`` (B, T), if given, are ``h``'s norms, already computed.
     """
-    unit = _unit(h)
+    unit = _unit(h, norms)
     T = unit.shape[-2]
     block = max(min_block, -(-T // 8))
     for start in range(0, T, block):
