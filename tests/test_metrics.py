@@ -13,7 +13,6 @@ from hypothesis.extra.numpy import arrays
 
 from nopelab.metrics import (
     AdjacencyCounts,
-    _sort8,
     adjacency_counts,
     adjacency_score,
     adjacency_score_bruteforce,
@@ -25,6 +24,7 @@ from nopelab.metrics import (
     position_variance,
     symmetric_from_lower,
 )
+from nopelab.pair_count import NETWORK_MAX
 
 HYPO = settings(max_examples=60, deadline=None)
 
@@ -248,35 +248,51 @@ def test_norm_score_direction() -> None:
 
 @st.composite
 def rows_and_lengths(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
-    R = draw(st.integers(1, 6))
-    T = draw(st.integers(1, 20))
-    rows = draw(arrays(np.float64, (R, T), elements=st.sampled_from([-2.0, -0.0, 0.0, 1.0, 7.5])))
+    """Up to 20 rows (several groups of eight) with ties, signed zeros, values inside and
+    outside (-2, 2) (32- and 64-bit keys), infinities and NaN."""
+    R = draw(st.integers(1, 20))
+    T = draw(st.integers(1, 40))
+    extra = draw(st.sampled_from([[], [7.5], [7.5, -np.inf, np.inf], [np.nan]]))
+    values = [-1.5, -0.0, 0.0, 0.25, 1.0, *extra]
+    rows = draw(arrays(np.float64, (R, T), elements=st.sampled_from(values)))
     lengths = draw(arrays(np.int64, (R,), elements=st.integers(0, T)))
     return rows, lengths
 
 
 @HYPO
-@given(rows_and_lengths())
-def test_pair_counts_match_double_loop(data: tuple[np.ndarray, np.ndarray]) -> None:
+@given(rows_and_lengths(), st.sampled_from([np.float32, np.float64]), st.sampled_from([2, 8]))
+def test_pair_counts_match_double_loop(
+    data: tuple[np.ndarray, np.ndarray], dtype: type, network_max: int
+) -> None:
+    """Every path: 32/64-bit keys, runs of 2 or 8 then merges, the float64 merge sort."""
     rows, lengths = data
+    rows = rows.astype(dtype)
     before = rows.copy()
-    counts = pair_counts(rows, lengths)
-    less, equal = counts.less, counts.equal
-    assert not counts.nan.any()
-    for r in range(len(rows)):
-        assert (less[r], equal[r]) == loop_pair_counts(rows[r], int(lengths[r]))
+    for cap in (network_max, NETWORK_MAX):
+        less, equal, nan = pair_counts(rows, lengths, cap)
+        for r in range(len(rows)):
+            n = int(lengths[r])
+            assert nan[r] == np.isnan(rows[r, :n]).any()
+            if not nan[r]:  # a NaN row's counts are meaningless; its neighbours' are exact
+                assert (less[r], equal[r]) == loop_pair_counts(rows[r], n)
     np.testing.assert_array_equal(rows, before)  # input is not sorted in place
 
 
-@pytest.mark.parametrize("ties", [True, False])
-def test_pair_counts_long_rows(ties: bool) -> None:
-    """Rows longer than a few merge passes (n up to 300), lengths off the runs of 8."""
+@pytest.mark.parametrize("values", ["ties", "cosines", "wide"])
+@pytest.mark.parametrize("network_max", [16, NETWORK_MAX])
+def test_pair_counts_long_rows(values: str, network_max: int) -> None:
+    """Rows of up to 700 in one group, lengths off every power of two; with a cap of 16 the
+    network sorts runs of 16 (64-bit keys: 2) and merges finish them."""
     rng = np.random.default_rng(3)
-    values = rng.integers(0, 50, size=(5, 300)) if ties else rng.standard_normal((5, 300))
-    rows = values.astype(np.float32)
-    lengths = np.array([300, 1, 0, 257, 128])
-    less, equal, _ = pair_counts(rows, lengths)
-    for r in range(5):
+    shape = (9, 700)
+    rows = {
+        "ties": rng.integers(-8, 8, size=shape) / 8,
+        "cosines": np.tanh(rng.standard_normal(shape)),
+        "wide": 100 * rng.standard_normal(shape),
+    }[values].astype(np.float32)
+    lengths = np.array([700, 1, 0, 257, 128, 513, 699, 2, 300])
+    less, equal, _ = pair_counts(rows, lengths, network_max)
+    for r in range(len(rows)):
         n = lengths[r]
         x = rows[r, :n].astype(np.float64)
         upper = np.triu(np.ones((n, n), dtype=bool), k=1)
@@ -284,14 +300,19 @@ def test_pair_counts_long_rows(ties: bool) -> None:
         assert equal[r] == ((x[:, None] == x[None, :]) & upper).sum()
 
 
-def test_sorting_network_sorts_and_counts_every_zero_one_input() -> None:
-    """By the 0-1 principle a network that sorts all 256 0-1 inputs sorts every input."""
-    for code in range(256):
-        x = np.array([(code >> bit) & 1 for bit in range(8)], dtype=np.int32)
-        expected_less, _ = loop_pair_counts(x, 8)
-        y = np.concatenate([[9], x, [-9]]).astype(np.int32)  # neighbours stay put
-        assert _sort8(y, 1) == expected_less
-        np.testing.assert_array_equal(y, np.concatenate([[9], np.sort(x), [-9]]))
+def test_pair_counts_every_zero_one_row() -> None:
+    """By the 0-1 principle, a comparator network that sorts every 0-1 input sorts every input:
+    all 2^n rows of 0s and 1s for n = 1..10, grouped with other lengths."""
+    rows, lengths = [], []
+    for n in range(1, 11):
+        for code in range(2**n):
+            rows.append([(code >> bit) & 1 for bit in range(n)] + [0] * (10 - n))
+            lengths.append(n)
+    rows = np.array(rows, dtype=np.float32) - 0.5
+    for network_max in (2, 4, 16):
+        less, equal, _ = pair_counts(rows, np.array(lengths), network_max)
+        for r in range(len(rows)):
+            assert (less[r], equal[r]) == loop_pair_counts(rows[r], lengths[r])
 
 
 def test_pair_counts_float64_keeps_differences_below_float32_precision() -> None:
