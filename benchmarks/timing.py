@@ -17,16 +17,19 @@ def best_of(fn: Callable[[], object], repeats: int) -> float:
     return min(times)
 
 
-def best_of_interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Minimum wall time of each function over ``repeats`` rounds, the functions taking turns
-    within a round (after one warm-up call each), so that slow drifts of a shared machine hit
-    them alike and their ratios stay comparable."""
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Wall times of each function over ``repeats`` rounds (after one warm-up call each). The
+    functions take turns within a round, and the order rotates from round to round, so that slow
+    drifts of a shared machine, and whatever one call leaves behind for the next, hit them
+    alike: their ratios stay comparable."""
     for fn in fns.values():
         fn()
+    names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    for round_ in range(repeats):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
             start = time.perf_counter()
-            fn()
+            fns[name]()
             times[name].append(time.perf_counter() - start)
-    return {name: min(values) for name, values in times.items()}
+    return times
