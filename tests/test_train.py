@@ -140,6 +140,31 @@ def test_resumed_run_retraces_the_uninterrupted_one(tmp_path: Path) -> None:
     assert whole["final_eval"] == resumed["final_eval"]
 
 
+def test_tensorboard_mirrors_the_logs_across_a_resume(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, out = tiny_run(steps=8, checkpoint_every=3), tmp_path / "run"
+    assert train(run, out, progress=False, stop_after=5, tensorboard=True) is None
+    train(run, out, resume=True, progress=False, tensorboard=True)
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    for tag, csv, column in (("train", "metrics.csv", "loss"), ("eval", "eval.csv", "accuracy")):
+        logged = pd.read_csv(out / csv)
+        scalars = events.Scalars(f"{tag}/{column}")
+        assert [e.step for e in scalars] == list(logged["step"])  # each step once, in order
+        np.testing.assert_allclose([e.value for e in scalars], logged[column], rtol=1e-6)
+
+
+def test_tensorboard_missing_is_one_line_exit_2(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
+    out = tmp_path / "out"
+    args = ["train", "--task", "copy", *TINY_TRAIN, "--tensorboard", "--out", str(out)]
+    assert run_cli(args, monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'nopelab[tensorboard]'" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
 def test_resume_refuses_a_different_config(tmp_path: Path) -> None:
     train(tiny_run(), tmp_path / "run", progress=False, stop_after=2)
     with pytest.raises(UserError, match=r"train\.lr is 0\.01 but the run was started with 0\.003"):

@@ -574,6 +574,13 @@ def train(
         bool,
         typer.Option(help="Continue the run in --out from its checkpoint", rich_help_panel=OUTPUT),
     ] = False,
+    tensorboard: Annotated[
+        bool,
+        typer.Option(
+            help="Also log to --out/tensorboard (needs the tensorboard package)",
+            rich_help_panel=OUTPUT,
+        ),
+    ] = False,
     force: Force = False,
 ) -> None:
     """Train a model on a synthetic task (--task) or on text (--corpus); torchrun runs it data-parallel."""
@@ -643,7 +650,7 @@ def train(
     run = TrainRun.from_dict(data)
     out = out or default_out_for_train(run)
     try:
-        summary = run_training(run, out, resume=resume, force=force)
+        summary = run_training(run, out, resume=resume, force=force, tensorboard=tensorboard)
     except KeyboardInterrupt:
         raise UserError(
             f"interrupted; the last checkpoint is kept: continue with nopelab train --resume --out {out}"

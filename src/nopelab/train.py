@@ -14,6 +14,8 @@ A training run directory holds:
 * ``eval.csv`` — one row per evaluation: step and the source's metrics;
 * ``tokenizer.json`` — text runs: the tokenizer, so the run can be analysed later;
 * ``training.png`` — loss and evaluation curves;
+* ``tensorboard/`` — with ``tensorboard=True``: the same rows as TensorBoard scalars
+  (``train/<column>``, ``eval/<column>``), written at each checkpoint as the CSV files are;
 * ``summary.json`` — written when training ends: ``final_eval`` (task: ``accuracy``;
   text: ``loss`` and ``perplexity``, also at 2x and 4x the training length), ``tokens_per_second``.
 """
@@ -189,12 +191,32 @@ def autocast_for(cfg: TrainConfig, device: torch.device):
     return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
 
 
+def _summary_writer_class() -> type:
+    """TensorBoard's ``SummaryWriter``, or a clear error when the optional package is missing."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise UserError(
+            "--tensorboard: needs the tensorboard package: pip install 'nopelab[tensorboard]'"
+        ) from None
+    return SummaryWriter
+
+
 class Log:
     """Rows kept in memory and appended to CSV files at each checkpoint, so the files on disk
-    always end at the checkpoint a resumed run starts from."""
+    always end at the checkpoint a resumed run starts from; ``writer``, a TensorBoard
+    ``SummaryWriter``, gets the same rows as scalars under ``tag/<column>``."""
 
-    def __init__(self, out: Path, name: str, keep_until: int | None = None):
+    def __init__(
+        self,
+        out: Path,
+        name: str,
+        keep_until: int | None = None,
+        writer: Any = None,
+        tag: str = "",
+    ):
         self.path = out / name
+        self.writer, self.tag = writer, tag
         self.rows: list[dict[str, Any]] = []
         if keep_until is not None and self.path.is_file():
             frame = pd.read_csv(self.path)
@@ -209,6 +231,12 @@ class Log:
         frame = pd.DataFrame(self.rows)
         header = not self.path.is_file() or self.path.stat().st_size == 0
         frame.to_csv(self.path, mode="a", header=header, index=False)
+        if self.writer is not None:
+            for row in self.rows:
+                for column, value in row.items():
+                    if column != "step":
+                        self.writer.add_scalar(f"{self.tag}/{column}", value, row["step"])
+            self.writer.flush()
         self.rows = []
 
     def read(self) -> pd.DataFrame:
@@ -259,14 +287,16 @@ def train(
     force: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
+    tensorboard: bool = False,
 ) -> dict[str, Any] | None:
     """Train, checkpointing into ``out``; returns the summary (None when stopped early).
 
     ``stop_after`` ends the run after that many steps without finishing it, as an interruption
-    would (used to test resuming).
+    would (used to test resuming). ``tensorboard`` mirrors the logs to ``out/tensorboard``.
     """
     cfg = run.train
     out = out.absolute()
+    summary_writer = _summary_writer_class() if tensorboard else None
     device = _setup_processes(cfg.device)
     main_process = rank() == 0
     resume = prepare_out(out, resume, force)
@@ -296,8 +326,11 @@ def train(
     if cfg.compile:
         train_model = torch.compile(train_model)
     autocast = autocast_for(cfg, device)
-    metrics = Log(out, "metrics.csv", keep_until=start if main_process else None)
-    evals = Log(out, "eval.csv", keep_until=start if main_process else None)
+    writer = None
+    if summary_writer is not None and main_process:
+        writer = summary_writer(log_dir=str(out / "tensorboard"), purge_step=start + 1)
+    metrics = Log(out, "metrics.csv", start if main_process else None, writer, "train")
+    evals = Log(out, "eval.csv", start if main_process else None, writer, "eval")
 
     model.train()
     local = cfg.batch_size // world_size()
@@ -371,6 +404,8 @@ def train(
         "processes": world_size(),
         "device": str(device),
     }
+    if writer is not None:
+        writer.close()
     if main_process:
         training_curves(metrics.read(), evals.read(), out / "training.png")
         write_json(out / "summary.json", summary)
