@@ -54,8 +54,9 @@ _COUNTS = ir.VectorType(_I32, LANES)  # per-lane counts inside one pass
 
 
 # ----------------------------------------------------------------------------- vector intrinsics
-# ``v`` is a group: a (positions, 8) int32 or int64 array of keys, lane l holding row l. Every
-# intrinsic treats position p as one vector. Counts add up in int32 lanes within one pass (at
+# ``v`` is a group: a C-contiguous (positions, 8) int32 or int64 array of keys, lane l holding
+# row l. Every intrinsic treats position p as one vector; none checks bounds (callers pass arrays
+# they allocated). Counts add up in int32 lanes within one pass (at
 # most n * run / 2 < 2^31 for runs up to 2^15), then into an int64 array.
 
 
