@@ -390,6 +390,8 @@ def train(
                     metrics.flush()
                     evals.flush()
                 _barrier()
+    if writer is not None:  # everything was flushed at the last checkpoint
+        writer.close()
     if end < cfg.steps:
         return None
     if main_process and not final_eval:  # resumed from a final checkpoint without a summary
@@ -404,8 +406,6 @@ def train(
         "processes": world_size(),
         "device": str(device),
     }
-    if writer is not None:
-        writer.close()
     if main_process:
         training_curves(metrics.read(), evals.read(), out / "training.png")
         write_json(out / "summary.json", summary)
