@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
 from nopelab.errors import UserError
 from nopelab.model import Transformer
 from nopelab.tasks import TaskConfig
-from nopelab.train import TrainRun, learning_rate, make_optimizer, train
+from nopelab.train import TrainRun, autocast_for, learning_rate, make_optimizer, train
 
 TINY_MODEL = ModelConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=64)
 COPY = TaskConfig(name="copy", max_len=5, train_size=2000, test_size=100)
@@ -255,6 +256,42 @@ def test_ddp_matches_one_process_on_the_same_global_batch(tmp_path: Path) -> Non
     b = load_file(tmp_path / "two" / "model.safetensors")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------ precision, compile
+
+
+def test_autocast_choice_follows_precision_and_device() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not isinstance(autocast_for(TrainConfig(precision="auto"), cpu)(), torch.autocast)
+    assert not isinstance(autocast_for(TrainConfig(precision="float32"), cuda)(), torch.autocast)
+    with warnings.catch_warnings():  # building a CUDA autocast without CUDA only warns
+        warnings.simplefilter("ignore")
+        on_gpu = autocast_for(TrainConfig(precision="auto"), cuda)()
+    assert isinstance(on_gpu, torch.autocast)
+    assert (on_gpu.device, on_gpu.fast_dtype) == ("cuda", torch.bfloat16)
+    model = Transformer(TINY_MODEL)
+    with autocast_for(TrainConfig(precision="bfloat16"), cpu)():
+        assert model(torch.randint(96, (2, 8))).dtype == torch.bfloat16
+
+
+def test_bfloat16_run_tracks_the_float32_run(tmp_path: Path) -> None:
+    """The autocast path (the GPU default) runs end to end; on CPU it can be asked for."""
+    full = train(tiny_run(precision="float32"), tmp_path / "fp32", progress=False)
+    half = train(tiny_run(precision="bfloat16"), tmp_path / "bf16", progress=False)
+    a, b = (pd.read_csv(tmp_path / n / "metrics.csv")["loss"] for n in ("fp32", "bf16"))
+    assert not np.array_equal(a, b)  # bf16 matmuls really ran
+    np.testing.assert_allclose(a, b, rtol=1e-2)
+    assert half["final_eval"]["loss"] == pytest.approx(full["final_eval"]["loss"], rel=1e-2)
+
+
+def test_compiled_run_matches_eager(tmp_path: Path) -> None:
+    """``--compile`` (inductor, here with the CPU C++ backend) trains like the eager model."""
+    eager = train(tiny_run(steps=4), tmp_path / "eager", progress=False)
+    compiled = train(tiny_run(steps=4, compile=True), tmp_path / "compiled", progress=False)
+    a, b = (pd.read_csv(tmp_path / n / "metrics.csv")["loss"] for n in ("eager", "compiled"))
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+    assert compiled["final_eval"]["loss"] == pytest.approx(eager["final_eval"]["loss"], rel=1e-5)
 
 
 # ------------------------------------------------------------------------ learning
