@@ -149,10 +149,11 @@ def test_seeds_differ_and_repeat() -> None:
 # ------------------------------------------------------------------------ models
 
 
-@pytest.mark.parametrize("encoding, kind", [("learned", "linear-cls"), ("sinusoidal", "mlp-cls")])
+@pytest.mark.parametrize(
+    "encoding, kind",
+    [("learned", "linear-cls"), ("sinusoidal", "linear-cls"), ("sinusoidal", "mlp-cls")],
+)
 def test_plainly_encoded_position_is_recovered_exactly(encoding: str, kind: str) -> None:
-    """(A linear classifier separates sinusoidal positions too, but neighbouring positions sit
-    close together and minibatch training needs far more epochs to get there.)"""
     cfg = ModelConfig(d_model=64, n_layers=1, n_heads=2, pos_encoding=encoding, max_seq_len=32)
     analysis = AnalysisConfig(seq_len=32, samples=48, input="tokens", sites=("embed",))
     probe = ProbeConfig(probes=(kind,), epochs=30, lr=1e-2)

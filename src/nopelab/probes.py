@@ -12,6 +12,7 @@ Four kinds (:data:`~nopelab.config.PROBES`):
 All seeds of a probe train at once as one batched ensemble (``torch.bmm``), each member on its
 own split of sequences, stopping early on a tenth of its training sequences (the weights of
 the best validation epoch are kept, so a probe that overfits is not scored at its worst).
+``linear-cls`` starts from the closed-form linear discriminant (LDA).
 Splits are by whole sequences, so no test token's sequence was seen in training. Regression
 predictions are clipped to the range of positions seen in training. The baseline predicts the
 middle (the training median), whatever the features.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -223,8 +225,10 @@ class Ensemble(nn.Module):
 def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, device):
     """Minibatch AdamW on every member at once; each member shuffles its own tokens.
 
-    With at least 5 training sequences, the last tenth of each member's training sequences is
-    held out for early stopping: every member keeps the weights of its best validation epoch.
+    A linear classifier starts from linear discriminant analysis, other probes from random
+    weights. With at least 5 training sequences, the last tenth of each member's training
+    sequences is held out for early stopping: every member keeps the weights of its best
+    validation epoch (the start included).
     A regressor whose best validation loss is still worse than predicting the training mean
     falls back to that constant (``predict.constant`` says which members did).
     """
@@ -233,18 +237,16 @@ def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, de
     train, val = train[:, : train.shape[1] - n_val], train[:, train.shape[1] - n_val :]
     n_train = train.shape[1]
     generator = _gen(seed)
+    inputs = inputs_of(flat, mean, std, device)
     model = Ensemble(E, flat.shape[1], classes or 1, hidden, generator).to(device)
+    if classes and hidden is None:
+        _discriminant_start(model, inputs, y, train, classes)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    mean, std = mean.to(device)[:, None], std.to(device)[:, None]
     y_float = y.double()
     y_mean = torch.stack([y_float[t].mean() for t in train]).float().to(device)[:, None]
     y_std = (
         torch.stack([y_float[t].std() for t in train]).float().clamp_min(1e-6).to(device)[:, None]
     )
-
-    def inputs(tokens: Tensor) -> Tensor:
-        x = flat[tokens.reshape(-1)].float().reshape(*tokens.shape, -1).to(device)
-        return (x - mean) / std
 
     def losses(tokens: Tensor) -> Tensor:  # (E,) summed over each member's tokens
         out, target = model(inputs(tokens)), y[tokens].to(device)
@@ -255,6 +257,18 @@ def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, de
 
     best_loss = torch.full((E,), float("inf"), device=device)
     best = [p.detach().clone() for p in model.parameters()]
+
+    @torch.no_grad()
+    def keep_best() -> None:  # per member, the weights with the lowest validation loss so far
+        model.eval()
+        loss = sum(losses(val[:, i : i + 4096]) for i in range(0, n_val, 4096))
+        better = loss < best_loss
+        best_loss.copy_(torch.where(better, loss, best_loss))
+        for kept, p in zip(best, model.parameters(), strict=True):
+            kept[better] = p[better]
+
+    if n_val:
+        keep_best()  # the start is a candidate too
     for _ in range(cfg.epochs):
         model.train()
         order = train.gather(1, torch.rand(E, n_train, generator=generator).argsort(dim=1))
@@ -264,13 +278,7 @@ def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, de
             (losses(tokens).sum() / tokens.shape[1]).backward()  # each member's own mean loss
             optimizer.step()
         if n_val:
-            model.eval()
-            with torch.no_grad():
-                loss = sum(losses(val[:, i : i + 4096]) for i in range(0, n_val, 4096))
-                better = loss < best_loss
-                best_loss = torch.where(better, loss, best_loss)
-                for kept, p in zip(best, model.parameters(), strict=True):
-                    kept[better] = p[better]
+            keep_best()
     constant = torch.zeros(E, dtype=torch.bool, device=device)
     if n_val:
         with torch.no_grad():
@@ -294,6 +302,46 @@ def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, de
 
     predict.constant = constant.cpu()
     return predict
+
+
+def inputs_of(flat: Tensor, mean: Tensor, std: Tensor, device) -> Callable[[Tensor], Tensor]:
+    """Standardised probe inputs ``(E, n, F)`` for token indices ``(E, n)``, each member with
+    its own training moments ``mean``, ``std`` ``(E, F)``."""
+    mean, std = mean.to(device)[:, None], std.to(device)[:, None]
+
+    def inputs(tokens: Tensor) -> Tensor:
+        x = flat[tokens.reshape(-1)].float().reshape(*tokens.shape, -1).to(device)
+        return (x - mean) / std
+
+    return inputs
+
+
+@torch.no_grad()
+def _discriminant_start(model: Ensemble, inputs, y: Tensor, train: Tensor, classes: int) -> None:
+    """Start a linear classifier from linear discriminant analysis (class means, one shared
+    covariance), its logits scaled by the power of two with the lowest training cross-entropy.
+
+    The cross-entropy is convex in the weights, but minibatch AdamW from a random start crawls
+    where neighbouring classes sit close together (sinusoidal positions: 0.72 accuracy after
+    30 epochs at the embedding of a 64-d model); from this start it reaches 1.0.
+    """
+    for e in range(train.shape[0]):
+        x = inputs(train[e : e + 1])[0].double()  # (n, F)
+        target = y[train[e]].to(x.device)
+        counts = torch.bincount(target, minlength=classes).double()
+        means = torch.zeros(classes, x.shape[1], dtype=x.dtype, device=x.device)
+        means.index_add_(0, target, x)
+        means /= counts.clamp_min(1)[:, None]
+        within = x - means[target]
+        covariance = within.T @ within / len(x)
+        covariance += 1e-3 * torch.eye(len(covariance)).to(x)  # inputs have unit variance
+        w = torch.linalg.solve(covariance, means.T)  # (F, C)
+        b = -0.5 * (means * w.T).sum(1) + counts.clamp_min(0.5).log()
+        logits = x @ w + b
+        losses = [F.cross_entropy(logits * 2.0**k, target) for k in range(-6, 6)]
+        scale = 2.0 ** (int(torch.stack(losses).argmin()) - 6)
+        model.weights[0][e] = (w * scale).float()
+        model.biases[0][e, 0] = (b * scale).float()
 
 
 def _gen(seed: int) -> torch.Generator:
