@@ -6,6 +6,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -115,6 +116,32 @@ def test_hf_source_without_datasets(monkeypatch: pytest.MonkeyPatch) -> None:
         load_text("hf:some/name")
     with pytest.raises(ConfigError, match="name a dataset"):
         load_text("hf:")
+
+
+def test_hf_source_reads_the_named_split_and_column(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub is out of reach here: a stand-in ``datasets`` module records what is asked."""
+    calls = []
+
+    class Dataset:
+        column_names = ("text", "label")
+
+        def __getitem__(self, column: str) -> list:
+            return {"text": ["first", None, "second"], "label": [0, 1, 2]}[column]
+
+    def load_dataset(name: str, split: str) -> Dataset:
+        calls.append((name, split))
+        if name == "offline/name":
+            raise ConnectionError("Couldn't reach the hub\nmore detail")
+        return Dataset()
+
+    monkeypatch.setitem(sys.modules, "datasets", SimpleNamespace(load_dataset=load_dataset))
+    assert load_text("hf:user/data") == "first\nsecond"
+    assert load_text("hf:user/data:validation") == "first\nsecond"
+    assert calls == [("user/data", "train"), ("user/data", "validation")]
+    with pytest.raises(ConfigError, match=r"has no column 'body' \(columns: text, label\)"):
+        load_text("hf:user/data", column="body")
+    with pytest.raises(ConfigError, match=r"\(offline\?\): Couldn't reach the hub$"):
+        load_text("hf:offline/name")
 
 
 def test_split_ids() -> None:
