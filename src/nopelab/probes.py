@@ -237,7 +237,7 @@ def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, de
     train, val = train[:, : train.shape[1] - n_val], train[:, train.shape[1] - n_val :]
     n_train = train.shape[1]
     generator = _gen(seed)
-    inputs = inputs_of(flat, mean, std, device)
+    inputs = _inputs_of(flat, mean, std, device)
     model = Ensemble(E, flat.shape[1], classes or 1, hidden, generator).to(device)
     if classes and hidden is None:
         _discriminant_start(model, inputs, y, train, classes)
@@ -304,7 +304,7 @@ def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, de
     return predict
 
 
-def inputs_of(flat: Tensor, mean: Tensor, std: Tensor, device) -> Callable[[Tensor], Tensor]:
+def _inputs_of(flat: Tensor, mean: Tensor, std: Tensor, device) -> Callable[[Tensor], Tensor]:
     """Standardised probe inputs ``(E, n, F)`` for token indices ``(E, n)``, each member with
     its own training moments ``mean``, ``std`` ``(E, F)``."""
     mean, std = mean.to(device)[:, None], std.to(device)[:, None]
@@ -317,7 +317,9 @@ def inputs_of(flat: Tensor, mean: Tensor, std: Tensor, device) -> Callable[[Tens
 
 
 @torch.no_grad()
-def _discriminant_start(model: Ensemble, inputs, y: Tensor, train: Tensor, classes: int) -> None:
+def _discriminant_start(
+    model: Ensemble, inputs: Callable, y: Tensor, train: Tensor, classes: int
+) -> None:
     """Start a linear classifier from linear discriminant analysis (class means, one shared
     covariance), its logits scaled by the power of two with the lowest training cross-entropy.
 
