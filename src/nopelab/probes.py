@@ -328,22 +328,22 @@ def _discriminant_start(
     30 epochs at the embedding of a 64-d model); from this start it reaches 1.0.
     """
     for e in range(train.shape[0]):
-        x = inputs(train[e : e + 1])[0].double()  # (n, F)
+        x = inputs(train[e : e + 1])[0]  # (n, F), float32
         target = y[train[e]].to(x.device)
-        counts = torch.bincount(target, minlength=classes).double()
+        counts = torch.bincount(target, minlength=classes).to(x)
         means = torch.zeros(classes, x.shape[1], dtype=x.dtype, device=x.device)
         means.index_add_(0, target, x)
         means /= counts.clamp_min(1)[:, None]
         within = x - means[target]
-        covariance = within.T @ within / len(x)
-        covariance += 1e-3 * torch.eye(len(covariance)).to(x)  # inputs have unit variance
-        w = torch.linalg.solve(covariance, means.T)  # (F, C)
+        covariance = (within.T @ within).double() / len(x)  # the solve in float64
+        covariance += 1e-3 * torch.eye(len(covariance)).to(covariance)  # inputs: unit variance
+        w = torch.linalg.solve(covariance, means.T.double()).to(x)  # (F, C)
         b = -0.5 * (means * w.T).sum(1) + counts.clamp_min(0.5).log()
         logits = x @ w + b
         losses = [F.cross_entropy(logits * 2.0**k, target) for k in range(-6, 6)]
         scale = 2.0 ** (int(torch.stack(losses).argmin()) - 6)
-        model.weights[0][e] = (w * scale).float()
-        model.biases[0][e, 0] = (b * scale).float()
+        model.weights[0][e] = w * scale
+        model.biases[0][e, 0] = b * scale
 
 
 def _gen(seed: int) -> torch.Generator:
