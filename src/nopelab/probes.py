@@ -228,7 +228,7 @@ def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, de
     A linear classifier starts from linear discriminant analysis, other probes from random
     weights. With at least 5 training sequences, the last tenth of each member's training
     sequences is held out for early stopping: every member keeps the weights of its best
-    validation epoch (the start included).
+    validation epoch (or the discriminant, where it did better).
     A regressor whose best validation loss is still worse than predicting the training mean
     falls back to that constant (``predict.constant`` says which members did).
     """
@@ -239,7 +239,8 @@ def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, de
     generator = _gen(seed)
     inputs = _inputs_of(flat, mean, std, device)
     model = Ensemble(E, flat.shape[1], classes or 1, hidden, generator).to(device)
-    if classes and hidden is None:
+    informed_start = bool(classes) and hidden is None
+    if informed_start:
         _discriminant_start(model, inputs, y, train, classes)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     y_float = y.double()
@@ -267,8 +268,8 @@ def _train_ensemble(flat, y, mean, std, train, T, classes, hidden, cfg, seed, de
         for kept, p in zip(best, model.parameters(), strict=True):
             kept[better] = p[better]
 
-    if n_val:
-        keep_best()  # the start is a candidate too
+    if n_val and informed_start:
+        keep_best()  # the discriminant is a candidate too
     for _ in range(cfg.epochs):
         model.train()
         order = train.gather(1, torch.rand(E, n_train, generator=generator).argsort(dim=1))
