@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from nopelab.cli import main
+from nopelab.config import RunConfig
+from nopelab.experiments import EXPERIMENTS
+from nopelab.model import Transformer
+from nopelab.train import TrainRun
 
 
 def reproduce(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,3 +173,32 @@ def test_zuo2025_probes_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     text = (out / "summary.md").read_text()
     assert "## Verdict" in text and "Overall:" in text
     assert (out / "probes.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------ paper scale
+
+
+@pytest.mark.parametrize(
+    "paper, part", [(paper, part) for paper, e in EXPERIMENTS.items() for part in e.parts]
+)
+def test_paper_scale_settings_are_valid(paper: str, part: str) -> None:
+    """`--scale paper` is meant for a GPU and too slow to run here; its settings must at least
+    validate, and every model it builds must run at its training and analysis lengths (shapes
+    only: the forward pass runs on the meta device, no memory, no arithmetic)."""
+    settings = EXPERIMENTS[paper].parts[part].settings("paper", 0, "cpu")
+    analysis = getattr(settings, "analysis", None)
+    models = []  # (model config, sequence lengths it must take)
+    for run in [getattr(settings, "cfg", None), *getattr(settings, "runs", {}).values()]:
+        if isinstance(run, TrainRun):
+            models.append(
+                (run.model, {run.train.seq_len, *([analysis.seq_len] if analysis else [])})
+            )
+        elif isinstance(run, RunConfig):
+            models.append((run.model, {run.analysis.seq_len}))
+    assert models or paper == "real-model"  # that one loads released weights instead
+    for model_cfg, lengths in models:
+        with torch.device("meta"):
+            model = Transformer(model_cfg)
+            for T in lengths:
+                logits = model(torch.zeros(2, T, dtype=torch.long))
+                assert logits.shape == (2, T, model_cfg.vocab_size)
