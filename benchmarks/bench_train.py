@@ -39,6 +39,13 @@ Model FLOPs per token (PaLM appendix B, as in nanoGPT's ``estimate_mfu``)::
 
 MFU = F * tokens per second / measured peak FLOP/s.
 
+On a GPU: ``--device cuda`` runs everything there (each timed call ends with a
+``torch.cuda.synchronize``); ``--precision bfloat16`` trains under bf16 autocast, as
+``nopelab train`` does on CUDA by default, and measures the peak with bf16 ``torch.mm``, so
+MFU is against the peak of the precision the step runs in. float32 matmuls keep torch's
+default (no TF32). (A CPU without bf16 matmul units runs bf16 ``torch.mm`` at ~1.3 GFLOP/s, on
+this AVX2 VM: there ``--precision bfloat16`` only checks that the path works.)
+
 Notes for a small shared CPU (measured on 2 cores of an AVX-512 Xeon, torch 2.13): ``--adamw
 fused`` (the default here) beats torch's CPU default ``forloop`` by about 10% at batch 1 and
 4-5% at batch 4 and 8; ``--compile`` adds about 5-10%; 2 threads give 1.7-1.9x the tokens/s of 1.
@@ -92,20 +99,36 @@ def matmul_shapes(cfg: ModelConfig, rows: int) -> dict[str, tuple[int, int, int]
     }
 
 
-def matmul_gflops(shapes: dict[str, tuple[int, int, int]], repeats: int) -> dict[str, float]:
-    """Best-of-``repeats`` GFLOP/s of fp32 ``torch.mm`` at each (m, k, n)."""
-    a = torch.randn(1024, 1024)
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queued work, so that wall times measure it; nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_gflops(
+    shapes: dict[str, tuple[int, int, int]],
+    repeats: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> dict[str, float]:
+    """Best-of-``repeats`` GFLOP/s of ``torch.mm`` in ``dtype`` at each (m, k, n)."""
+    a = torch.randn(1024, 1024, device=device, dtype=dtype)
     start = time.perf_counter()
-    while time.perf_counter() - start < 0.5:  # wake the thread pool and the clock first
+    while time.perf_counter() - start < 0.5:  # wake the thread pool (or GPU) and the clock
         torch.mm(a, a)
+    synchronize(device)
     result = {}
     for name, (m, k, n) in shapes.items():
-        a, b, out = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        out = torch.empty(m, n, device=device, dtype=dtype)
         calls = max(1, int(2e9 // (2 * m * k * n)))  # time >= ~2 GFLOP per sample
+        calls *= 100 if device.type == "cuda" else 1  # a GPU does that in microseconds
 
         def run(a=a, b=b, out=out, calls=calls) -> None:
             for _ in range(calls):
                 torch.mm(a, b, out=out)
+            synchronize(device)
 
         seconds = best_of(run, repeats) / calls
         result[name] = 2 * m * k * n / seconds / 1e9
@@ -185,14 +208,22 @@ def make_optimizer(model: nn.Module, impl: str) -> torch.optim.Optimizer:
 
 
 def make_step(
-    model: Transformer, optimizer: torch.optim.Optimizer, compile_mode: str | None
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    compile_mode: str | None,
+    precision: str = "float32",
 ) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """One training step; with ``compile_mode`` the forward and loss go through torch.compile."""
+    """One training step; with ``compile_mode`` the forward and loss go through torch.compile;
+    ``precision`` ``bfloat16`` runs them under bf16 autocast."""
     vocab = model.cfg.vocab_size
     params = [p for p in model.parameters() if p.requires_grad]
+    device = next(model.parameters()).device
+    half = precision == "bfloat16"
 
     def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(model(x).view(-1, vocab), y.view(-1))
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=half):
+            logits = model(x)
+        return F.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
 
     if compile_mode is not None:
         torch._dynamo.reset()  # a fresh graph per batch size: static shapes, no recompiles
@@ -203,6 +234,7 @@ def make_step(
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        synchronize(device)
 
     return step
 
@@ -223,14 +255,16 @@ def time_training(
     seed: int,
     impl: str,
     compile_mode: str | None,
+    device: torch.device,
+    precision: str,
 ) -> tuple[Timing, FlopCount]:
     torch.manual_seed(seed)
-    model = Transformer(ModelConfig(max_seq_len=seq_len)).train()
+    model = Transformer(ModelConfig(max_seq_len=seq_len)).to(device).train()
     flops = model_flops(model, seq_len)
-    step = make_step(model, make_optimizer(model, impl), compile_mode)
+    step = make_step(model, make_optimizer(model, impl), compile_mode, precision)
     vocab = model.cfg.vocab_size
-    x = torch.randint(0, vocab, (batch, seq_len))
-    y = torch.randint(0, vocab, (batch, seq_len))
+    x = torch.randint(0, vocab, (batch, seq_len)).to(device)
+    y = torch.randint(0, vocab, (batch, seq_len)).to(device)
     for _ in range(warmup):
         step(x, y)
     times = []
@@ -245,7 +279,9 @@ def time_training(
     return Timing(batch, statistics.median(times), min(times), others), flops
 
 
-def time_trainer(batch: int, seq_len: int, steps: int, warmup: int, seed: int) -> Timing:
+def time_trainer(
+    batch: int, seq_len: int, steps: int, warmup: int, seed: int, device: str, precision: str
+) -> Timing:
     """The same model through ``nopelab.train`` itself (packed ``add`` lines, loss on answers,
     clipping, fused AdamW, logging): per-step times from its ``metrics.csv``."""
     run = TrainRun(
@@ -256,7 +292,8 @@ def time_trainer(batch: int, seq_len: int, steps: int, warmup: int, seed: int) -
             seq_len=seq_len,
             eval_every=10**9,
             checkpoint_every=10**9,
-            device="cpu",
+            device=device,
+            precision=precision,
             seed=seed,
         ),
         task=TaskConfig(name="add", train_size=2000, test_size=20),
@@ -320,6 +357,13 @@ def main() -> None:
         help="torch.compile the forward and loss (optionally with a mode)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda[:N] (default cpu)")
+    parser.add_argument(
+        "--precision",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="bfloat16: train under bf16 autocast, peak from bf16 matmuls",
+    )
     parser.add_argument(
         "--no-trainer", action="store_true", help="skip the rows timed through nopelab.train"
     )
@@ -337,33 +381,57 @@ def main() -> None:
     steps = args.steps or (4 if args.quick else 8)
     warmup = args.warmup if args.warmup is not None else (3 if args.compile else 2)
     cfg = ModelConfig(max_seq_len=args.seq_len)
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.precision)
+    where = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU capability {torch.backends.cpu.get_cpu_capability()}"
+    )
 
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"CPU capability {torch.backends.cpu.get_cpu_capability()}, AdamW {args.adamw}, "
-        f"compile {args.compile or 'off'}"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}, "
+        f"{args.precision}, AdamW {args.adamw}, compile {args.compile or 'off'}"
     )
     allocator = [f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("MALLOC_")]
     allocator += [f"LD_PRELOAD={os.environ['LD_PRELOAD']}"] if "LD_PRELOAD" in os.environ else []
     print(f"allocator: {' '.join(allocator) or 'glibc defaults'}")
     shapes = matmul_shapes(cfg, rows=8 * args.seq_len)
-    before, others_before = others_during(lambda: matmul_gflops(shapes, args.repeats))
+
+    def peak_run() -> dict[str, float]:
+        return matmul_gflops(shapes, args.repeats, device, dtype)
+
+    before, others_before = others_during(peak_run)
 
     rows = []
     flops = None
     for batch in batch_sizes:
         timing, flops = time_training(
-            batch, args.seq_len, steps, warmup, args.seed, args.adamw, args.compile
+            batch,
+            args.seq_len,
+            steps,
+            warmup,
+            args.seed,
+            args.adamw,
+            args.compile,
+            device,
+            args.precision,
         )
         rows.append(timing)
     trainer_rows = (
         []
         if args.no_trainer
-        else [time_trainer(batch, args.seq_len, steps, warmup, args.seed) for batch in batch_sizes]
+        else [
+            time_trainer(batch, args.seq_len, steps, warmup, args.seed, args.device, args.precision)
+            for batch in batch_sizes
+        ]
     )
 
-    after, others_after = others_during(lambda: matmul_gflops(shapes, args.repeats))
-    print(f"\nfp32 torch.mm, best of {args.repeats}, before / after the training runs (GFLOP/s):")
+    after, others_after = others_during(peak_run)
+    print(
+        f"\n{args.precision} torch.mm, best of {args.repeats}, before / after the training runs "
+        "(GFLOP/s):"
+    )
     if others_before is not None and others_after is not None:
         print(f"  (other processes used {others_before:.2f} / {others_after:.2f} cores meanwhile)")
     for name in shapes:
