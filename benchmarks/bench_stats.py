@@ -28,6 +28,7 @@ from nopelab.metrics import (
     cosine_matrix,
     cosine_row_blocks,
     norm_score,
+    norm_score_zuo,
     position_variance,
 )
 from nopelab.model import Transformer
@@ -81,6 +82,7 @@ def forward_costs(seq_len: int, batch: int, repeats: int, seed: int) -> None:
         "cosine lower part": lambda: [b.sum(0) for _, b in cosine_row_blocks(h)],
         "adjacency score": lambda: adjacency_score(similarity),
         "norm score": lambda: norm_score(norms),
+        "norm score (Zuo)": lambda: norm_score_zuo(norms),
     }
     print(f"  per-site cost of one batch, times {sites} sites, as a share of the bare forward:")
     for name, fn in parts.items():

@@ -58,6 +58,7 @@ def tiny(model_type: str, seed: int = 0, **overrides) -> torch.nn.Module:
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+        "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),  # for its free head_dim only
     }
     config_class, model_class = classes[model_type]
     return model_class(config_class(**{**COMMON, **overrides})).eval()

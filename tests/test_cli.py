@@ -43,11 +43,14 @@ def test_analyze_writes_a_complete_run(tmp_path: Path, monkeypatch: pytest.Monke
             "adjacency_mean",
             "adjacency_std",
             "norm_score_mean",
+            "norm_score_zuo_mean",
+            "norm_score_zuo_std",
             "variance_first",
             "variance_last",
         ):
             assert key in row
         assert 0 <= row["adjacency_mean"] <= 1
+        assert 0 <= row["norm_score_zuo_mean"] <= 1
     positions = pd.read_parquet(out / "positions.parquet")
     assert {"layer", "site", "position", "variance", "norm"} <= set(positions.columns)
     assert len(positions) == 9 * 10
@@ -71,6 +74,23 @@ def test_analyze_writes_a_complete_run(tmp_path: Path, monkeypatch: pytest.Monke
     ):
         assert (out / name).stat().st_size > 0
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+def test_attn_heads_site_is_analysed_and_probed(tmp_path: Path, monkeypatch) -> None:
+    """The heads' outputs concatenated, before the output projection, are an opt-in site."""
+    out = tmp_path / "analyze"
+    assert run_cli(["analyze", *TINY, "--sites", "attn_heads", "--out", str(out)], monkeypatch) == 0
+    rows = json.loads((out / "summary.json").read_text())["rows"]
+    assert {(r["site"], r["layer"]) for r in rows} == {("attn_heads", 1), ("attn_heads", 2)}
+    assert np.load(out / "cosine.npz")["attn_heads_2"].shape == (10, 10)
+    assert (out / "cosine_attn_heads.png").stat().st_size > 0
+    out = tmp_path / "probe"
+    args = ["probe", "--layers", "2", "--heads", "2", "--d-model", "16", "--seq-len", "10",
+            "--samples", "10", "--sites", "attn_heads", "--probes", "linear-reg",
+            "--features", "raw", "--probe-seeds", "1", "--epochs", "1", "--out", str(out)]  # fmt: skip
+    assert run_cli(args, monkeypatch) == 0
+    rows = json.loads((out / "summary.json").read_text())["rows"]
+    assert {(r["site"], r["layer"]) for r in rows} == {("attn_heads", 1), ("attn_heads", 2)}
 
 
 def test_same_seed_same_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,10 +241,19 @@ def test_reproduce_rejects_unknown_names(tmp_path: Path, capsys, monkeypatch) ->
         (["reproduce", "vaswani2017"], "paper"),
         (["reproduce", "zuo2025", "--part", "trained-ish"], "--part"),
         (["reproduce", "chi2023", "--scale", "huge"], "--scale"),
+        (["reproduce", "chi2023", "--scale", "medium"], "--scale"),  # zuo2025 trained/probes
+        (["reproduce", "chi2023", "--resume"], "--resume"),
+        (["reproduce", "zuo2025", "--part", "trained", "--resume"], "--resume"),  # a folder?
     ):
         assert run_cli([*args, "--out", str(tmp_path / "o")], monkeypatch) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and field in err, err
+    assert not (tmp_path / "o").exists()
+    for args in (["--force"], []):  # --resume needs --out without --force; o holds no run
+        argv = ["reproduce", "zuo2025", "--part", "trained", "--resume", *args]
+        assert run_cli([*argv, "--out", str(tmp_path / "o")], monkeypatch) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--resume" in err, err
     assert not (tmp_path / "o").exists()
 
 

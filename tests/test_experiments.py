@@ -12,7 +12,8 @@ import torch
 
 from nopelab.cli import main
 from nopelab.config import RunConfig
-from nopelab.experiments import EXPERIMENTS
+from nopelab.experiments import EXPERIMENTS, zuo2025_trained
+from nopelab.experiments.trained import analyze_trained
 from nopelab.model import Transformer
 from nopelab.train import TrainRun
 
@@ -63,13 +64,53 @@ def test_zuo2025_random_init_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert (out / "runs" / "causal-nope" / "cosine.npz").exists()
 
 
-def test_zuo2025_trained_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_zuo2025_trained_smoke_interrupted_and_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "zuo-trained"
-    reproduce(["zuo2025", "--part", "trained", "--out", str(out)], monkeypatch)
+    calls = []
+
+    def interrupt_second_analysis(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return analyze_trained(*args, **kwargs)
+
+    monkeypatch.setattr(zuo2025_trained, "analyze_trained", interrupt_second_analysis)
+    with pytest.raises(SystemExit) as info:
+        reproduce(["zuo2025", "--part", "trained", "--out", str(out)], monkeypatch)
+    assert info.value.code == 130
+    assert (out / "reproduction.json").is_file() and not (out / "summary.md").exists()
+    models = sorted((out / "runs").glob("*/model.safetensors"))
+    assert len(models) == 4 * 3  # every model finished training before the analyses
+    stamps = [path.stat().st_mtime_ns for path in models]
+    with pytest.raises(SystemExit) as info:  # another seed is another run
+        reproduce(["zuo2025", "--part", "trained", "--out", str(out), "--resume", "--seed", "1"],
+                  monkeypatch)  # fmt: skip
+    assert info.value.code == 2
+    monkeypatch.setattr(zuo2025_trained, "analyze_trained", analyze_trained)
+    reproduce(["zuo2025", "--part", "trained", "--out", str(out), "--resume"], monkeypatch)
+    assert [path.stat().st_mtime_ns for path in models] == stamps  # not trained again
+    with pytest.raises(SystemExit) as info:
+        reproduce(["zuo2025", "--part", "trained", "--out", str(out), "--resume"], monkeypatch)
+    assert info.value.code == 2  # finished
+
     accuracy = pd.read_parquet(out / "accuracy.parquet")
     assert len(accuracy) == 4 * 3 and accuracy["accuracy"].between(0, 1).all()
+    for row in accuracy.itertuples():
+        summary = json.loads(
+            (out / "runs" / f"{row.task}-{row.pos_encoding}" / "summary.json").read_text()
+        )
+        assert summary["final_eval"]["accuracy"] == row.accuracy
     scores = pd.read_parquet(out / "scores.parquet")
-    attn = scores[scores["site"] == "attn_out"]
+    assert set(scores["site"]) == {"attn_heads", "attn_out", "resid_post"}
+    # Zuo et al.'s protocol: one test prompt per sequence, left-padded to the longest prompt
+    analysis = json.loads(
+        (out / "runs" / "reverse-none" / "analysis-init" / "config.json").read_text()
+    )
+    assert analysis["analysis"]["input"] == "prompts"
+    assert analysis["analysis"]["seq_len"] == len("rev(999)=")
+    attn = scores[scores["site"] == "attn_heads"]
     assert set(attn["state"]) == {"init", "trained"}
     assert set(attn["task"]) == {"add", "reverse", "order", "wherex"}
     # a causal model at normal(0.02) init shows the pattern on task lines too
@@ -81,7 +122,8 @@ def test_zuo2025_trained_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert (by_state["init"] - by_state["trained"]).abs().max() > 1e-4
     text = (out / "summary.md").read_text()
     assert "Test accuracy" in text and "| reverse | none | trained |" in text
-    for name in ("heatmaps.png", "scores.png"):
+    assert "## Adjacency score at `attn_heads`" in text
+    for name in ("heatmaps.png", "scores-attn_heads.png", "scores-attn_out.png"):
         assert (out / name).stat().st_size > 0
     run = out / "runs" / "add-rope"
     for name in ("model.safetensors", "summary.json", "analysis-init/positions.parquet"):
@@ -159,16 +201,16 @@ def test_zuo2025_probes_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert set(probes["features"]) == {
         "raw", "norm", "variance", "cos_last", "cos_row", "norm+cos_last"
     }  # fmt: skip
-    assert (probes["site"] == "attn_out").all() and (probes["split"] == "vocab").all()
-    assert len(probes) == 5 * 2 * 6 * 2  # models x targets x features x layers
-    assert (probes["seeds"] >= 3).all() and probes["baseline"].between(10, 14).all()  # T/4 = 12
+    assert set(probes["site"]) == {"attn_heads", "attn_out"} and (probes["split"] == "vocab").all()
+    assert len(probes) == 5 * 2 * 6 * 2 * 2  # models x targets x features x sites x layers
+    assert (probes["seeds"] >= 3).all() and probes["baseline"].between(3, 5).all()  # T/4 = 4
     # at random init the attention output's similarity to other tokens carries position, on
     # tokens the probe never saw (Zuo et al.)
     random = probes[(probes["model"] == "random-init") & (probes["target"] == "position")]
     best = random.groupby("features")["mae"].min()
-    assert best["cos_last"] < 0.8 * 12 and best["cos_row"] < 0.7 * 12
+    assert best["cos_last"] < 0.8 * 4 and best["cos_row"] < 0.8 * 4
     verdict = pd.read_parquet(out / "verdict.parquet")
-    assert len(verdict) == 5 * 2 * 2
+    assert len(verdict) == 5 * 2 * 2 * 2
     assert set(verdict["winner"]) <= {"variance", "norm", "similarity"}
     text = (out / "summary.md").read_text()
     assert "## Verdict" in text and "Overall:" in text
@@ -186,13 +228,12 @@ def test_paper_scale_settings_are_valid(paper: str, part: str) -> None:
     validate, and every model it builds must run at its training and analysis lengths (shapes
     only: the forward pass runs on the meta device, no memory, no arithmetic)."""
     settings = EXPERIMENTS[paper].parts[part].settings("paper", 0, "cpu")
-    analysis = getattr(settings, "analysis", None)
+    analyses = [getattr(settings, "analysis", None), *getattr(settings, "analyses", {}).values()]
+    analysed = {a.seq_len for a in analyses if a is not None}
     models = []  # (model config, sequence lengths it must take)
     for run in [getattr(settings, "cfg", None), *getattr(settings, "runs", {}).values()]:
         if isinstance(run, TrainRun):
-            models.append(
-                (run.model, {run.train.seq_len, *([analysis.seq_len] if analysis else [])})
-            )
+            models.append((run.model, {run.train.seq_len, *analysed}))
         elif isinstance(run, RunConfig):
             models.append((run.model, {run.analysis.seq_len}))
     assert models or paper == "real-model"  # that one loads released weights instead

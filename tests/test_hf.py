@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from operator import attrgetter
 
@@ -13,18 +14,20 @@ from conftest import run_cli
 from hf_tiny import ARCHITECTURES, LAYERS, ROPE_LAYERS, VOCAB, tiny
 from nopelab.analysis import analyze_model
 from nopelab.capture import observe
-from nopelab.config import AnalysisConfig, ProbeConfig
+from nopelab.config import DEFAULT_SITES, AnalysisConfig, ProbeConfig
 from nopelab.errors import ConfigError
 from nopelab.hf import load
 from nopelab.hf.positions import position_use, rope_off
+from nopelab.hf.sites import ARCHITECTURES as MAPPINGS
 from nopelab.hf.sites import HFModel
 from nopelab.metrics import position_variance
 from nopelab.probing import probe_model
 
 
-def _capture(model: HFModel, idx: torch.Tensor, **kwargs) -> dict:
+def _capture(model: HFModel, idx: torch.Tensor, sites=DEFAULT_SITES, **kwargs) -> dict:
     seen: dict = {}
-    handles = observe(model, model.site_keys(), lambda key, h: seen.__setitem__(key, h.clone()))
+    keys = model.site_keys(sites)
+    handles = observe(model, keys, lambda key, h: seen.__setitem__(key, h.clone()))
     try:
         with torch.no_grad():
             model(idx, **kwargs)
@@ -59,6 +62,61 @@ def test_sites_are_the_tensors_the_model_computes(model_type):
         mid = seen[("resid_mid", layer)]
         torch.testing.assert_close(mid, before + seen[("attn_out", layer)])
         torch.testing.assert_close(seen[("resid_post", layer)], mid + seen[("mlp_out", layer)])
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_attn_heads_is_what_the_output_projection_reads(model_type):
+    """Checked against a pre-hook of our own on ``o_proj`` (GPT-2: the attention's Conv1D
+    ``c_proj``, not the MLP's); the projection of ``attn_heads`` is ``attn_out``."""
+    model = HFModel(tiny(model_type))
+    projections = [
+        block.attn.c_proj if model_type == "gpt2" else block.self_attn.o_proj
+        for block in model.layers
+    ]
+    read = {}
+    handles = [
+        proj.register_forward_pre_hook(
+            lambda _m, args, layer=layer: read.setdefault(layer, args[0])
+        )
+        for layer, proj in enumerate(projections, start=1)
+    ]
+    seen = _capture(model, torch.randint(VOCAB, (2, 10)), sites=("attn_heads", "attn_out"))
+    for handle in handles:
+        handle.remove()
+    for layer, proj in enumerate(projections, start=1):
+        heads = seen[("attn_heads", layer)]
+        torch.testing.assert_close(heads, read[layer], rtol=0, atol=0)  # shape included
+        with torch.no_grad():
+            torch.testing.assert_close(proj(heads), seen[("attn_out", layer)])
+
+
+def test_attn_heads_may_be_wider_than_the_model():
+    """Qwen3 sets head_dim freely: 4 heads x 16 = 64 wide against d_model 32. Analysis and
+    probes take the width the site has."""
+    model = HFModel(tiny("qwen3", head_dim=16))
+    analysis = AnalysisConfig(seq_len=8, samples=10, batch_size=5, input="tokens", sites=("attn_heads",), device="cpu")  # fmt: skip
+    seen = _capture(model, torch.randint(VOCAB, (1, 8)), sites=("attn_heads",))
+    assert seen[("attn_heads", 1)].shape == (1, 8, 64)
+    result = analyze_model(model, analysis, progress=False)
+    assert result.sites[("attn_heads", 4)].cosine.shape == (8, 8)
+    probe = ProbeConfig(layers=(1,), probes=("linear-cls",), seeds=1, epochs=1)
+    (row,) = probe_model(model, analysis, probe, progress=False)
+    assert row["site"] == "attn_heads" and row["layer"] == 1
+
+
+def test_attn_heads_needs_an_output_projection(monkeypatch):
+    """No supported architecture lacks one; a stand-in mapping without it checks the error."""
+    monkeypatch.setitem(MAPPINGS, "llama", dataclasses.replace(MAPPINGS["llama"], heads=None))
+    model = HFModel(tiny("llama"))
+    message = (
+        r"^sites: attn_heads needs an attention output projection, which 'llama' lacks; "
+        r"allowed: embed, attn_out, resid_mid, mlp_out, resid_post$"
+    )
+    with pytest.raises(ConfigError, match=message):
+        model.site_keys(["attn_heads", "resid_post"])
+    with pytest.raises(ConfigError, match=message):
+        observe(model, [("attn_heads", 1)], lambda key, h: None)
+    assert len(model.site_keys()) == 1 + 4 * LAYERS  # the other sites still work
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gpt2"])
@@ -216,13 +274,14 @@ def test_cli_analyze_hf(tmp_path, llama_dir, monkeypatch):
     out = tmp_path / "run"
     status = run_cli(
         ["analyze", f"hf:{llama_dir}", "--input", "tokens", "--seq-len", "16", "--samples", "4",
-         "--max-layers", "2", "--sites", "attn_out,resid_post", "--device", "cpu", "--out", str(out)],
+         "--max-layers", "2", "--sites", "attn_heads,attn_out,resid_post", "--device", "cpu",
+         "--out", str(out)],
         monkeypatch,
     )  # fmt: skip
     assert status == 0
     summary = json.loads((out / "summary.json").read_text())
     assert {(r["site"], r["layer"]) for r in summary["rows"]} == {
-        (site, layer) for site in ("attn_out", "resid_post") for layer in (1, 2)
+        (site, layer) for site in ("attn_heads", "attn_out", "resid_post") for layer in (1, 2)
     }
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["model_type"] == "llama" and config["model"]["analysed_layers"] == 2
@@ -255,6 +314,20 @@ def test_cli_analyze_hf_errors(tmp_path, llama_dir, args, message, monkeypatch, 
     err = capsys.readouterr().err.strip()
     assert status == 2 and message in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+def test_cli_attn_heads_without_output_projection(tmp_path, llama_dir, monkeypatch, capsys):
+    """One line, exit 2, nothing written, and the weights are never read."""
+    monkeypatch.setitem(MAPPINGS, "llama", dataclasses.replace(MAPPINGS["llama"], heads=None))
+    monkeypatch.setattr(load, "check_memory", lambda files: pytest.fail("weights about to load"))
+    out = tmp_path / "run"
+    args = ["analyze", f"hf:{llama_dir}", "--input", "tokens", "--sites", "attn_heads,attn_out", "--out", str(out)]  # fmt: skip
+    assert run_cli(args, monkeypatch) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "sites: attn_heads needs an attention output projection" in err
+    assert "allowed: embed, attn_out, resid_mid, mlp_out, resid_post" in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_cli_rope_off_switches_chosen_layers(tmp_path, llama_dir, monkeypatch):

@@ -149,10 +149,11 @@ def test_scalar_leace_leaves_linear_regression_at_the_baseline() -> None:
 MODEL = ModelConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=64)
 
 
-def test_hooks_edit_the_site_and_come_off_exactly() -> None:
+@pytest.mark.parametrize("site", ["attn_out", "attn_heads"])
+def test_hooks_edit_the_site_and_come_off_exactly(site: str) -> None:
     model = Transformer(MODEL).eval()
     idx = torch.randint(96, (4, 16))
-    key = ("attn_out", 1)
+    key = (site, 1)
     with torch.no_grad():
         original = model(idx)
     site = collect(model, [key], iter([{"idx": idx}]), 4, 16)[key].clone()

@@ -20,6 +20,7 @@ from nopelab.metrics import (
     cosine_matrix,
     cosine_row_blocks,
     norm_score,
+    norm_score_zuo,
     pair_counts,
     position_variance,
     symmetric_from_lower,
@@ -70,6 +71,20 @@ def loop_norm_score(norms: np.ndarray) -> tuple[float, float]:
             grow += bool(norms[k] > norms[j])
     pairs = T * (T - 1) // 2
     return shrink / pairs, (shrink - grow) / pairs
+
+
+def triple_loop_norm_score_zuo(norms: np.ndarray) -> float:
+    """Zuo et al.'s pooled count, literally: rows i = 1..T (1-based), pairs j < k < i with
+    ||h_k|| < ||h_j|| (ties fail), summed and divided by sum_i C(i - 1, 2)."""
+    T = len(norms)
+    hits = pairs = 0
+    for i in range(1, T + 1):
+        for k in range(1, i):
+            for j in range(1, k):
+                hits += bool(norms[k - 1] < norms[j - 1])
+                pairs += 1
+    assert pairs == sum(math.comb(i - 1, 2) for i in range(1, T + 1)) == math.comb(T, 3)
+    return hits / pairs
 
 
 # --------------------------------------------------------------------------- strategies
@@ -244,6 +259,84 @@ def test_norm_score_direction() -> None:
     assert norm_score(shrinking).score[0] == 1.0 and norm_score(shrinking).signed[0] == 1.0
     assert norm_score(shrinking[:, ::-1].copy()).score[0] == 0.0
     assert norm_score(torch.ones(1, 5)).score[0] == 0.0  # ties fail
+
+
+# ------------------------------------------------------------ Zuo et al.'s pooled norm score
+
+
+@HYPO
+@given(
+    arrays(
+        np.float64,
+        st.tuples(st.integers(1, 4), st.integers(3, 14)),
+        elements=st.sampled_from([0.0, 1.0, 1.5, 2.0, 3.0]),
+    )
+)
+def test_norm_score_zuo_matches_triple_loop_with_ties(norms: np.ndarray) -> None:
+    res = norm_score_zuo(norms)
+    assert res.shape == (len(norms),)
+    for b in range(len(norms)):
+        assert res[b] == pytest.approx(triple_loop_norm_score_zuo(norms[b]), abs=1e-12)
+
+
+@HYPO
+@given(
+    arrays(
+        np.float32,
+        st.tuples(st.integers(1, 3), st.integers(3, 14)),
+        elements=st.floats(0, 10, width=32, allow_nan=False),
+    )
+)
+def test_norm_score_zuo_matches_triple_loop_continuous(norms: np.ndarray) -> None:
+    res = norm_score_zuo(torch.from_numpy(norms))  # torch, float32 input path
+    for b in range(len(norms)):
+        assert res[b] == pytest.approx(triple_loop_norm_score_zuo(norms[b]), abs=1e-12)
+
+
+def test_norm_score_zuo_direction_and_ties() -> None:
+    shrinking = np.array([[5.0, 4.0, 3.0, 2.0, 1.0]])
+    assert norm_score_zuo(shrinking)[0] == 1.0
+    assert norm_score_zuo(shrinking[:, ::-1].copy())[0] == 0.0
+    assert norm_score_zuo(torch.ones(1, 5))[0] == 0.0  # ties fail
+    assert norm_score_zuo(np.array([[2.0, 2.0, 1.0, 1.0]]))[0] == 0.5  # by hand: 2 of 4
+
+
+def test_norm_score_zuo_weights_early_pairs() -> None:
+    """Both rows have one shrinking pair of six, so the plain norm score is 1/6 for both.
+    Zuo's pooled count, by hand (T = 4, denominator sum_i C(i - 1, 2) = 0 + 0 + 1 + 3 = 4):
+    [2, 1, 3, 4]: the pair (1, 2) shrinks and is read by rows i = 3 and 4: 2/4 = 1/2;
+    [1, 2, 4, 3]: the pair (3, 4) shrinks but no row i > 4 reads it: 0/4 = 0."""
+    norms = np.array([[2.0, 1.0, 3.0, 4.0], [1.0, 2.0, 4.0, 3.0]])
+    np.testing.assert_allclose(norm_score(norms).score, [1 / 6, 1 / 6], rtol=0, atol=1e-15)
+    np.testing.assert_array_equal(norm_score_zuo(norms), [0.5, 0.0])
+
+
+def test_norm_score_zuo_pools_the_plain_score_of_every_prefix() -> None:
+    """Row i reads the first i - 1 norms, so Zuo's score is the C(i - 1, 2)-weighted mean of
+    the plain norm score of those prefixes (an independent path: the unweighted pair counter).
+    Long rows with many ties, float32 and float64."""
+    rng = np.random.default_rng(5)
+    T = 300
+    for norms in (
+        rng.integers(0, 20, size=(3, T)).astype(np.float32),
+        np.abs(rng.standard_normal((3, T))) + np.linspace(1, 0, T),
+    ):
+        pooled = sum(
+            math.comb(i - 1, 2) * norm_score(norms[:, : i - 1]).score for i in range(3, T + 1)
+        )
+        np.testing.assert_allclose(norm_score_zuo(norms), pooled / math.comb(T, 3), rtol=1e-12)
+
+
+def test_norm_score_zuo_keeps_float64_resolution_and_nan_per_sample() -> None:
+    shrinking = 1.0 + 1e-12 * np.arange(8.0)[::-1]  # a tie in float32
+    assert norm_score_zuo(shrinking[None].copy())[0] == 1.0
+    norms = np.abs(np.random.default_rng(0).standard_normal((3, 9)))
+    clean = norm_score_zuo(norms)
+    norms[0, 4] = np.nan
+    norms[2, 8] = np.nan  # last position: weight 0, yet NaN like the plain norm score
+    res = norm_score_zuo(norms)
+    assert np.isnan(res[0]) and np.isnan(res[2]) and res[1] == clean[1]
+    assert np.isnan(norm_score(norms).score[2])
 
 
 @st.composite

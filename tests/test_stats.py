@@ -41,7 +41,9 @@ def _adjacency_by_loops(h: np.ndarray) -> float:
 @pytest.mark.parametrize("input_kind", ["random", "tokens"])
 def test_streaming_equals_stored(input_kind: str) -> None:
     model_cfg = ModelConfig(d_model=32, n_heads=4, n_layers=2, max_seq_len=16, vocab_size=7)
-    cfg = AnalysisConfig(seq_len=12, samples=7, batch_size=3, input=input_kind, device="cpu")
+    cfg = AnalysisConfig(
+        seq_len=12, samples=7, batch_size=3, input=input_kind, sites=SITES, device="cpu"
+    )
     model = build_model(model_cfg, seed=3)
     stored = _stored_activations(model, model_cfg, cfg)
     result = analyze_model(model, cfg, progress=False)
@@ -65,14 +67,32 @@ def test_streaming_equals_stored(input_kind: str) -> None:
             np.mean([n[k] < n[j] for j in range(12) for k in range(j + 1, 12)]) for n in norms
         ]
         assert stats.norm_score.mean == pytest.approx(np.mean(norm_scores), abs=1e-9)
+        # Zuo et al.'s pooled norm score: rows i, pairs j < k < i, ||h_k|| < ||h_j||
+        zuo = [
+            np.mean([n[k] < n[j] for i in range(12) for k in range(i) for j in range(k)])
+            for n in norms
+        ]
+        assert stats.norm_score_zuo.count == 7
+        assert stats.norm_score_zuo.mean == pytest.approx(np.mean(zuo), abs=1e-9)
+        assert stats.norm_score_zuo.std == pytest.approx(np.std(zuo, ddof=1), abs=1e-9)
 
 
 def test_sites_cover_every_layer() -> None:
     model = build_model(ModelConfig(n_layers=3, d_model=16, n_heads=2), seed=0)
     keys = list(site_modules(model, SITES))
     assert keys[0] == ("embed", 0)
-    assert len(keys) == 1 + 3 * 4
+    assert len(keys) == 1 + 3 * 5
     assert {layer for _, layer in keys} == {0, 1, 2, 3}
+
+
+def test_attn_heads_alone_is_analysed_at_every_layer() -> None:
+    model_cfg = ModelConfig(d_model=16, n_heads=2, n_layers=2, max_seq_len=8)
+    cfg = AnalysisConfig(seq_len=8, samples=4, batch_size=2, sites=("attn_heads",), device="cpu")
+    result = analyze_model(build_model(model_cfg, 0), cfg, progress=False)
+    assert list(result.sites) == [("attn_heads", 1), ("attn_heads", 2)]
+    for stats in result.sites.values():
+        assert stats.samples == 4 and stats.variance.shape == stats.norm.shape == (8,)
+        assert stats.cosine.shape == (8, 8) and 0 <= stats.adjacency.mean <= 1
 
 
 def test_memory_does_not_grow_with_samples() -> None:

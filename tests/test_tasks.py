@@ -17,22 +17,29 @@ from nopelab.config import ModelConfig
 from nopelab.errors import ConfigError, UserError
 from nopelab.model import Transformer
 from nopelab.tasks import (
+    LAYOUTS,
+    LOSS_MODES,
     TASKS,
     VOCAB,
+    ZUO_TASKS,
     Example,
     TaskConfig,
     accuracy,
     decode,
     encode,
+    greedy_answers,
+    left_pad,
     make_splits,
     max_answer_len,
     max_line_len,
+    max_prompt_len,
     packed_batch,
 )
 
 # --------------------------------------------------------------- an independent solver
 
 PROMPTS = {
+    "zuo-add": re.compile(r"\$(\d+)\+(\d+)="),
     "add": re.compile(r"(\d+)\+(\d+)="),
     "reverse": re.compile(r"rev\((\d+)\)="),
     "order": re.compile(r"order\((\d+),(\d+)\)="),
@@ -49,6 +56,23 @@ def column_sum(a: str, b: str) -> list[str]:
         carry, digit = divmod(int(x) + int(y) + carry, 10)
         digits.append(str(digit))
     return [*digits, "1"] if carry else digits
+
+
+def solve_zuo(name: str, prompt: str) -> tuple[str, int]:
+    """The answer to a prompt in Zuo's format and its longest operand, checking the format:
+    numbers without leading zeros, add wrapped in ``$`` with the sum reversed."""
+    match = PROMPTS["zuo-add" if name == "add" else name].fullmatch(prompt)
+    assert match, f"malformed zuo {name} prompt {prompt!r}"
+    numbers = match.groups()[: 2 if name == "add" else 1]
+    if name != "order":  # order's arguments are digit strings
+        assert all(n == "0" or n[0] != "0" for n in numbers), prompt
+    if name == "add":
+        a, b = numbers
+        width = max(len(a), len(b))
+        digits = column_sum(a.zfill(width), b.zfill(width))
+        return ("".join(digits).rstrip("0") or "0") + "$", width  # no leading zero in the sum
+    answer, _ = solve(name, prompt)
+    return answer, max(len(n) for n in numbers)
 
 
 def solve(name: str, prompt: str, reversed_answer: bool = False) -> tuple[str, int]:
@@ -81,15 +105,23 @@ def solve(name: str, prompt: str, reversed_answer: bool = False) -> tuple[str, i
 
 def check_examples(cfg: TaskConfig, examples: list[Example], lengths: tuple[int, int]) -> None:
     for example in examples:
-        answer, k = solve(cfg.name, example.prompt, cfg.reversed_answer)
+        if cfg.resolved_format == "zuo":
+            answer, k = solve_zuo(cfg.name, example.prompt)
+        else:
+            answer, k = solve(cfg.name, example.prompt, cfg.reversed_answer)
         assert example.answer == answer, example
         assert lengths[0] <= k <= lengths[1], example
         assert len(example.answer) <= max_answer_len(cfg)
+        assert len(example.prompt) <= max_prompt_len(cfg)
         assert len(example.text) <= max_line_len(cfg)
 
 
-VARIANTS = [TaskConfig(name=name) for name in TASKS] + [TaskConfig(reversed_answer=True)]
-VARIANT_IDS = [*TASKS, "add-reversed"]
+VARIANTS = (
+    [TaskConfig(name=name, format="plain") for name in TASKS]
+    + [TaskConfig(format="plain", reversed_answer=True)]
+    + [TaskConfig(name=name) for name in ZUO_TASKS]
+)
+VARIANT_IDS = [*TASKS, "add-reversed", *(f"zuo-{name}" for name in ZUO_TASKS)]
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +130,28 @@ def default_splits() -> dict[TaskConfig, tuple[list[Example], list[Example]]]:
 
 
 # ----------------------------------------------------------------------------- formats
+
+
+def test_zuo_formats_by_hand() -> None:
+    assert solve_zuo("add", "$50+148=") == ("891$", 3)
+    assert solve_zuo("reverse", "rev(5973245481290159)=") == ("9510921845423795", 16)
+    assert solve_zuo("order", "order(74283,87234)=") == ("30241", 5)
+    assert solve_zuo("wherex", "wherex(360465066,6)=") == ("1", 9)
+    assert tasks._example("add", ("50", "148"), "zuo") == Example("$50+148=", "891$")
+    assert tasks._example("add", ("5", "5"), "zuo").text == "$5+5=01$\n"
+    assert tasks._example("reverse", ("5973245481290159",), "zuo").text == (
+        "rev(5973245481290159)=9510921845423795\n"
+    )
+    assert tasks._example("order", ("74283", "87234"), "zuo").answer == "30241"
+    assert tasks._example("wherex", ("360465066", "6"), "zuo").answer == "1"
+
+
+@pytest.mark.parametrize(("name", "top"), [("add", 9), ("reverse", 22), ("wherex", 20)])
+def test_zuo_lengths_follow_uniform_integers(name: str, top: int, default_splits) -> None:
+    """Numbers are uniform below 10**max_len: 90 % have max_len digits (add: 81 % of lines 3+3)."""
+    train, _ = default_splits[TaskConfig(name=name)]
+    share = sum(len(e.prompt) == top for e in train) / len(train)
+    assert share == pytest.approx(0.81 if name == "add" else 0.9, abs=0.02)
 
 
 def test_solver_agrees_with_the_documented_examples() -> None:
@@ -117,7 +171,8 @@ def test_every_default_example_is_right(cfg: TaskConfig, default_splits) -> None
     check_examples(cfg, train, cfg.train_lengths)
     check_examples(cfg, test, cfg.test_lengths)
     lo, hi = cfg.train_lengths
-    assert {solve(cfg.name, e.prompt)[1] for e in train} == set(range(lo, hi + 1))
+    if cfg.resolved_format == "plain":
+        assert {solve(cfg.name, e.prompt)[1] for e in train} == set(range(lo, hi + 1))
 
 
 @pytest.mark.parametrize("cfg", VARIANTS, ids=VARIANT_IDS)
@@ -135,35 +190,48 @@ def test_max_lengths_are_reached(cfg: TaskConfig) -> None:
         "add": f"{'9' * k}+{'9' * k}=",
         "reverse": f"rev({'1' * k})=",
         "order": f"order({'0123456789'[:k]},{'0123456789'[:k]})=",
-        "wherex": f"wherex({'0' * (k - 1)}1,1)=",
+        "wherex": f"wherex({'1' * (k - 1)}2,2)=",
         "copy": f"copy({'a' * k})=",
         "count": f"count({'a' * k})=",
     }[cfg.name]
-    answer, _ = solve(cfg.name, longest, cfg.reversed_answer)
+    if cfg.resolved_format == "zuo":
+        longest = "$" * (cfg.name == "add") + longest
+        answer, _ = solve_zuo(cfg.name, longest)
+    else:
+        answer, _ = solve(cfg.name, longest, cfg.reversed_answer)
     assert max_answer_len(cfg) == len(answer)
+    assert max_prompt_len(cfg) == len(longest)
     assert max_line_len(cfg) == len(longest) + len(answer) + 1
 
 
 @settings(max_examples=40, deadline=None)
 @given(
     name=st.sampled_from(TASKS),
+    zuo=st.booleans(),
     lengths=st.lists(st.integers(1, 10), min_size=2, max_size=2).map(sorted),
     test_lengths=st.lists(st.integers(4, 10), min_size=2, max_size=2).map(sorted),
     reversed_answer=st.booleans(),
     seed=st.integers(0, 2**32),
 )
 def test_random_configs_give_right_examples(
-    name: str, lengths: list[int], test_lengths: list[int], reversed_answer: bool, seed: int
+    name: str,
+    zuo: bool,
+    lengths: list[int],
+    test_lengths: list[int],
+    reversed_answer: bool,
+    seed: int,
 ) -> None:
     lo, hi = lengths
+    fmt = "zuo" if zuo and name in ZUO_TASKS else "plain"
     cfg = TaskConfig(
         name=name,
+        format=fmt,
         min_len=lo,
         max_len=hi,
         test_min_len=test_lengths[0],  # >= 4: plenty of test instances beside the training ones
         test_max_len=test_lengths[1],
-        reversed_answer=reversed_answer and name == "add",
-        train_size=min(60, tasks._count_in(name, (lo, hi))),
+        reversed_answer=reversed_answer and name == "add" and fmt == "plain",
+        train_size=min(60, tasks._count_in(name, (lo, hi), fmt)),
         test_size=30,
     )
     train, test = make_splits(cfg, seed)
@@ -186,6 +254,7 @@ def test_length_generalisation_split(name: str) -> None:
     test_max = 10 if name == "order" else 12
     cfg = TaskConfig(
         name=name,
+        format="plain",
         min_len=1,
         max_len=8,
         test_min_len=9,
@@ -201,7 +270,9 @@ def test_length_generalisation_split(name: str) -> None:
 
 def test_test_lengths_default_to_the_training_lengths() -> None:
     assert TaskConfig(name="copy", min_len=2, max_len=5).test_lengths == (2, 5)
-    assert TaskConfig(name="order").test_lengths == (2, 10)
+    assert TaskConfig(name="order", format="plain").test_lengths == (2, 10)
+    assert TaskConfig(name="order").test_lengths == (2, 5)
+    assert TaskConfig(name="wherex").train_lengths == (1, 9)
 
 
 def test_an_exhausted_instance_space_is_drawn_completely() -> None:
@@ -229,7 +300,7 @@ def test_too_small_an_instance_space_is_a_config_error(kwargs: dict, field: str)
 
 
 def test_drawing_gives_up_instead_of_looping_forever(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tasks, "_count_in", lambda name, lengths: 10**9)  # fool the size check
+    monkeypatch.setattr(tasks, "_count_in", lambda *args: 10**9)  # fool the size check
     cfg = TaskConfig(name="copy", min_len=1, max_len=1, train_size=30)
     with pytest.raises(ConfigError, match="drew only 26 distinct") as info:
         make_splits(cfg, seed=0)
@@ -257,6 +328,12 @@ def test_drawing_gives_up_instead_of_looping_forever(monkeypatch: pytest.MonkeyP
         ({"train_size": 0}, "train_size"),
         ({"test_size": -1}, "test_size"),
         ({"reversed_answer": 1}, "reversed_answer"),
+        ({"reversed_answer": True}, "reversed_answer"),  # Zuo's add is reversed already
+        ({"format": "lee"}, "format"),
+        ({"format": 1}, "format"),
+        ({"name": "copy", "format": "zuo"}, "format"),
+        ({"layout": "stacked"}, "layout"),
+        ({"loss_mode": "prompt"}, "loss_mode"),
     ],
 )
 def test_bad_configs_are_config_errors(kwargs: dict, field: str) -> None:
@@ -380,12 +457,14 @@ class OracleModel(nn.Module):
         logits = torch.zeros(B, T, len(VOCAB))
         for b in range(B):
             text = decode(idx[b])
-            prompt = text[: text.index("=") + 1]
-            line = self.lines[prompt]  # so the row starts with a prompt, at position 0
-            next_char = line[T : T + 1] or "\n"  # past the line's end: more newlines
-            if prompt in self.no_newline and next_char == "\n":
-                next_char = "x"
-            logits[b, -1, VOCAB.index(next_char)] = 1.0
+            start = len(text) - len(text.lstrip("\n"))  # after any left padding
+            prompt = text[start : text.index("=", start) + 1]
+            line = self.lines[prompt]  # so the row holds a prompt right after its padding
+            for t in range(start + len(prompt) - 1, T):
+                next_char = line[t + 1 - start : t + 2 - start] or "\n"  # then more newlines
+                if prompt in self.no_newline and next_char == "\n":
+                    next_char = "x"
+                logits[b, t, VOCAB.index(next_char)] = 1.0
         return logits
 
 
@@ -405,11 +484,12 @@ def mixed_examples() -> list[Example]:
     return examples
 
 
+@pytest.mark.parametrize("pad_to", [None, 24])
 @pytest.mark.parametrize("training", [True, False])
-def test_oracle_scores_one(mixed_examples: list[Example], training: bool) -> None:
+def test_oracle_scores_one(mixed_examples: list[Example], training: bool, pad_to) -> None:
     model = OracleModel(mixed_examples)
     model.train(training)
-    assert accuracy(model, mixed_examples, batch_size=7) == 1.0
+    assert accuracy(model, mixed_examples, batch_size=7, pad_to=pad_to) == 1.0
     assert model.training == training
     assert max(b for b, _ in model.lengths_seen) <= 7
 
@@ -440,3 +520,137 @@ def test_learned_positions_too_short_for_the_lines() -> None:
     )
     with pytest.raises(UserError, match="max_seq_len=8"):
         accuracy(model, [Example("123+456=", "579")])
+
+
+# ------------------------------------------------------------- batched decoding, layouts
+
+
+def decode_alone(model: nn.Module, example: Example, pad_to: int | None = None) -> str:
+    """Greedy decoding of one prompt, token by token, with nothing else in the batch."""
+    text = (
+        example.prompt if pad_to is None else "\n" * (pad_to - len(example.prompt)) + example.prompt
+    )
+    written = ""
+    with torch.no_grad():
+        while len(written) < len(example.answer) + 1 and not written.endswith("\n"):
+            ids = torch.tensor([encode(text + written)])
+            written += VOCAB[int(model(ids)[0, -1].argmax())]
+    return written
+
+
+class EarlyNewlines(nn.Module):
+    """A transformer whose newline logit is raised after some tokens, so that rows of a batch
+    stop at different steps (a random model rarely writes a newline)."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model, self.cfg = model, model.cfg
+
+    def forward(self, idx: Tensor) -> Tensor:
+        logits = self.model(idx)
+        logits[..., 0] += 5.0 * (idx % 5 == 0)
+        return logits
+
+
+@pytest.mark.parametrize("pad_to", [None, 24])
+@pytest.mark.parametrize("pos_encoding", ["none", "learned", "rope"])
+def test_batched_decoding_equals_one_by_one(
+    mixed_examples: list[Example], pos_encoding: str, pad_to: int | None
+) -> None:
+    torch.manual_seed(0)  # large weights: logits far apart, varied answers
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2, pos_encoding=pos_encoding, init_std=0.3)
+    model = EarlyNewlines(Transformer(cfg)).eval()
+    examples = mixed_examples[::3]
+    batched = greedy_answers(model, examples, pad_to=pad_to, batch_size=16)
+    assert batched == [decode_alone(model, e, pad_to) for e in examples]
+    assert len(set(batched)) > len(examples) // 4  # not one constant answer
+    assert any(w.endswith("\n") for w in batched) and any(not w.endswith("\n") for w in batched)
+
+
+def test_left_pad() -> None:
+    assert left_pad("$1+2=", 8) == "\n\n\n$1+2="
+    assert left_pad("$1+2=", 5) == "$1+2="
+    with pytest.raises(ConfigError, match="shorter than the prompt") as info:
+        left_pad("$1+2=", 4)
+    assert info.value.field == "seq_len"
+
+
+def test_zuo_windows_with_every_character() -> None:
+    """Zuo's train.py: windows of the shuffled, concatenated lines that start anywhere, the
+    loss on every character."""
+    cfg = TaskConfig(train_size=300, test_size=10, layout="windows", loss_mode="all")
+    train, _ = make_splits(cfg, seed=0)
+    stream = tasks.LineStream(train, seed=0)
+    text = decode(stream.tokens)
+    assert sorted(text.splitlines(keepends=True)) == sorted(e.text for e in train)
+    idx, targets = stream.batch(64, 20, torch.Generator().manual_seed(0), "all")
+    assert idx.shape == targets.shape == (64, 20)
+    for row, row_targets in zip(idx, targets, strict=True):
+        window = decode(row) + VOCAB[int(row_targets[-1])]
+        assert window in text  # a contiguous piece of the stream
+        assert torch.equal(row_targets[:-1], row[1:])
+    starts = {decode(row)[0] for row in idx}
+    assert starts - {"$"}  # windows start mid-line too
+
+
+@pytest.mark.parametrize("loss_mode", LOSS_MODES)
+def test_answer_mask_of_windows(loss_mode: str) -> None:
+    stream = tasks.LineStream([Example("ab=", "c")], seed=0)
+    idx, targets = stream.batch(1, 4, torch.Generator().manual_seed(0), loss_mode)
+    assert decode(idx[0]) in ("ab=c", "b=c\n", "=c\na", "c\nab")  # 5 characters, start anywhere
+    text = decode(idx[0]) + VOCAB[int(targets[0, -1])] if loss_mode == "all" else None
+    if loss_mode == "all":
+        assert text in "ab=c\nab=c\n"
+    else:
+        kept = "".join("_" if t < 0 else VOCAB[t] for t in targets[0].tolist())
+        assert kept.replace("_", "") in ("c\n", "c", "\n", "")
+
+
+@pytest.mark.parametrize("loss_mode", LOSS_MODES)
+def test_padded_rows_by_hand(loss_mode: str) -> None:
+    rows = tasks.PaddedLines([Example("$1+2=", "3$"), Example("$10+2=", "21$")], 6, 10)
+    idx, targets = rows.batch(64, 12, torch.Generator().manual_seed(0), loss_mode)
+    assert idx.shape == targets.shape == (64, 12)
+    seen = {decode(row) for row in idx}
+    assert seen == {"\n$1+2=3$\n\n\n\n", "$10+2=21$\n\n\n"}
+    for row, row_targets in zip(idx, targets, strict=True):
+        kept = "".join("_" if t < 0 else VOCAB[t] for t in row_targets.tolist())
+        short = decode(row).startswith("\n")
+        if loss_mode == "answer":
+            assert kept == ("_____3$\n____" if short else "_____21$\n___")
+        else:
+            assert kept == ("$1+2=3$\n____" if short else "10+2=21$\n___")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_layout_trains_the_answers(layout: str) -> None:
+    """Through the source: each layout's answer targets are the right answers."""
+    from nopelab.sources import TaskSource
+
+    cfg = TaskConfig(name="wherex", train_size=200, test_size=20, layout=layout)
+    source = TaskSource(cfg, seed=0, eval_samples=20)
+    idx, targets = source.batch(16, max_line_len(cfg), torch.Generator().manual_seed(1))
+    answers = {e.prompt: e.answer for e in source.train}
+    for row, row_targets in zip(idx, targets, strict=True):
+        text = decode(row)
+        for t in (row_targets >= 0).nonzero().flatten().tolist():
+            line = text[: t + 1].rsplit("\n", 1)[-1]  # the line so far, up to token t
+            whole = layout != "windows" or "\n" in text[: t + 1]  # a window's first line is cut
+            if line and whole:  # a target inside a line: the answer's next character
+                prompt, _, written = line.partition("=")
+                assert (answers[prompt + "="] + "\n")[len(written)] == VOCAB[row_targets[t]]
+
+
+def test_prompts_are_left_padded_test_prompts() -> None:
+    from nopelab.sources import TaskSource
+
+    source = TaskSource(TaskConfig(train_size=100, test_size=20), seed=0, eval_samples=20)
+    ids = source.prompts(30, 12, torch.Generator().manual_seed(0))
+    assert ids.shape == (30, 12)
+    texts = [decode(row) for row in ids]
+    test_prompts = [e.prompt for e in source.test]
+    assert all(text.lstrip("\n") in test_prompts for text in texts)
+    assert len({t.lstrip("\n") for t in texts[:20]}) == 20  # without replacement first
+    with pytest.raises(ConfigError, match="shorter than the longest add prompt") as info:
+        source.prompts(4, 8, torch.Generator())
+    assert info.value.field == "seq_len"

@@ -40,17 +40,27 @@ def build_model(cfg: ModelConfig, seed: int) -> Transformer:
 def input_batches(
     model_cfg: ModelConfig, cfg: AnalysisConfig, source: Source | None = None
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """Model inputs, batch by batch: N(0, 1) vectors (Chi et al.), uniform token ids, or
-    held-out data of a training ``source`` (``input = "data"``).
+    """Model inputs, batch by batch: N(0, 1) vectors (Chi et al.), uniform token ids,
+    held-out data of a training ``source`` (``input = "data"``), or a task source's test
+    prompts, one per sequence, left-padded (``input = "prompts"``, Zuo et al.'s protocol).
 
     Drawn on the CPU from their own generator (seed + 1), so they do not depend on the device.
     """
-    if cfg.input == "data" and source is None:
-        raise ConfigError("input", "data needs a trained run's data source; use random or tokens")
+    if cfg.input in ("data", "prompts") and source is None:
+        raise ConfigError(
+            "input", f"{cfg.input} needs a trained run's data source; use random or tokens"
+        )
+    if cfg.input == "prompts" and not hasattr(source, "prompts"):
+        raise ConfigError("input", "prompts needs a run trained on a task; use data")
     generator = torch.Generator().manual_seed(cfg.seed + 1)
+    prompts = (
+        source.prompts(cfg.samples, cfg.seq_len, generator) if cfg.input == "prompts" else None
+    )
     for start in range(0, cfg.samples, cfg.batch_size):
         B = min(cfg.batch_size, cfg.samples - start)
-        if cfg.input == "data":
+        if prompts is not None:
+            yield {"idx": prompts[start : start + B]}
+        elif cfg.input == "data":
             yield {"idx": source.held_out(B, cfg.seq_len, generator)}
         elif cfg.input == "random":
             yield {

@@ -1,6 +1,7 @@
 """Named capture sites and the hooks that stream their statistics during a forward pass.
 
-Sites: ``embed`` (layer 0, the input to the first block) and, for blocks 1..L, ``attn_out``
+Sites: ``embed`` (layer 0, the input to the first block) and, for blocks 1..L, ``attn_heads``
+(the attention heads' outputs concatenated, the input of the output projection), ``attn_out``
 (attention output after the projection, before the residual add), ``resid_mid``, ``mlp_out``
 and ``resid_post``. :func:`observe` hooks them on a native model or on a Hugging Face model
 (:class:`nopelab.hf.sites.HFModel`, which maps them per architecture).
@@ -12,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 
 import torch
 from torch import nn
 
-from nopelab.config import BLOCK_SITES, SITES
+from nopelab.config import BLOCK_SITES, DEFAULT_SITES, SITES
 from nopelab.errors import ConfigError
 from nopelab.model import Transformer
 from nopelab.stats import AttentionResult, AttentionStats, SiteResult, SiteStats
@@ -24,21 +26,24 @@ from nopelab.stats import AttentionResult, AttentionStats, SiteResult, SiteStats
 SiteKey = tuple[str, int]  # (site, layer)
 
 
-def site_modules(model: Transformer, sites: Iterable[str] = SITES) -> dict[SiteKey, nn.Module]:
+def site_modules(
+    model: Transformer, sites: Iterable[str] = DEFAULT_SITES
+) -> dict[SiteKey, nn.Module]:
     """The hook point of every requested site, keyed by (site, layer); layer 0 is ``embed``."""
     modules: dict[SiteKey, nn.Module] = {}
     for site in sites:
         if site == "embed":
             modules[("embed", 0)] = model.hook_embed
         elif site in BLOCK_SITES:
+            hook = attrgetter("attn.hook_heads" if site == "attn_heads" else f"hook_{site}")
             for layer, block in enumerate(model.blocks, start=1):
-                modules[(site, layer)] = getattr(block, f"hook_{site}")
+                modules[(site, layer)] = hook(block)
         else:
             raise ValueError(f"unknown site {site!r}; allowed: {', '.join(SITES)}")
     return dict(sorted(modules.items(), key=lambda item: (item[0][1], SITES.index(item[0][0]))))
 
 
-def site_keys(model: nn.Module, sites: Iterable[str] = SITES) -> list[SiteKey]:
+def site_keys(model: nn.Module, sites: Iterable[str] = DEFAULT_SITES) -> list[SiteKey]:
     """Every (site, layer) of ``model`` for the requested sites, in model order."""
     if hasattr(model, "site_keys"):  # a Hugging Face model
         return model.site_keys(sites)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -123,14 +124,16 @@ Input = Annotated[
     str | None,
     typer.Option(
         help="random (N(0,1) vectors) | tokens (uniform ids) | data (a run's held-out task "
-        "lines or text) \\[random; data for a run directory]",
+        "lines or text) | prompts (a task run's test prompts, one per sequence, left-padded "
+        "with newlines to --seq-len, as Zuo et al.) \\[random; data for a run directory]",
         rich_help_panel=ANALYSIS,
     ),
 ]
 Sites = Annotated[
     str | None,
     typer.Option(
-        help="Comma-separated: embed,attn_out,resid_mid,mlp_out,resid_post \\[all]",
+        help="Comma-separated: embed,attn_heads,attn_out,resid_mid,mlp_out,resid_post "
+        "\\[all but attn_heads]",
         rich_help_panel=ANALYSIS,
     ),
 ]
@@ -366,14 +369,16 @@ def _model_and_analysis(
             section.setdefault("input", "data")
         _merge(settings, "analysis", analysis_flags)
         cfg = RunConfig.from_dict(settings)
-        if cfg.analysis.input == "data":
+        if cfg.analysis.input in ("data", "prompts"):
             source = make_source(run, run_dir)
     else:
         _merge(settings, "model", model_flags)
         _merge(settings, "analysis", analysis_flags)
         cfg = RunConfig.from_dict(settings)
-        if cfg.analysis.input == "data":
-            raise UserError("--input: data needs a training run directory; use random or tokens")
+        if cfg.analysis.input in ("data", "prompts"):
+            raise UserError(
+                f"--input: {cfg.analysis.input} needs a training run directory; use random or tokens"
+            )
         model = build_model(cfg.model, cfg.analysis.seed)
     return cfg, model, source
 
@@ -458,6 +463,30 @@ def train(
     task: Annotated[
         str | None,
         typer.Option(help="add | reverse | order | wherex | copy | count", rich_help_panel=DATA),
+    ] = None,
+    task_format: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            help="zuo ($50+148=891$, Zuo et al.'s data files) | plain (123+45=168; copy, count) "
+            "\\[zuo where the task has it]",
+            rich_help_panel=DATA,
+        ),
+    ] = None,
+    layout: Annotated[
+        str | None,
+        typer.Option(
+            help="packed (lines end to end) | windows (random windows of the concatenated lines, "
+            "as Zuo et al.) | padded (one line per row, prompt left-padded) \\[packed]",
+            rich_help_panel=DATA,
+        ),
+    ] = None,
+    loss_mode: Annotated[
+        str | None,
+        typer.Option(
+            help="answer (loss on answers only) | all (every character, as Zuo et al.) \\[answer]",
+            rich_help_panel=DATA,
+        ),
     ] = None,
     min_len: Annotated[
         int | None,
@@ -613,6 +642,9 @@ def train(
             data,
             "task",
             {
+                "format": task_format,
+                "layout": layout,
+                "loss_mode": loss_mode,
                 "min_len": min_len,
                 "max_len": max_len,
                 "test_min_len": test_min_len,
@@ -731,7 +763,8 @@ def probe(
     sites: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated: embed,attn_out,resid_mid,mlp_out,resid_post \\[embed,resid_post]",
+            help="Comma-separated: embed,attn_heads,attn_out,resid_mid,mlp_out,resid_post "
+            "\\[embed,resid_post]",
             rich_help_panel=ANALYSIS,
         ),
     ] = None,
@@ -810,7 +843,8 @@ def compare_signals(
     sites: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated: embed,attn_out,resid_mid,mlp_out,resid_post \\[attn_out,resid_post]",
+            help="Comma-separated: embed,attn_heads,attn_out,resid_mid,mlp_out,resid_post "
+            "\\[attn_out,resid_post]",
             rich_help_panel=ANALYSIS,
         ),
     ] = None,
@@ -914,7 +948,9 @@ def intervene(
     ] = None,
     site: Annotated[
         str | None,
-        typer.Option(help="embed | attn_out | resid_mid | mlp_out | resid_post \\[attn_out]"),
+        typer.Option(
+            help="embed | attn_heads | attn_out | resid_mid | mlp_out | resid_post \\[attn_out]"
+        ),
     ] = None,
     at_layers: Annotated[
         str | None, typer.Option(help="Layers to intervene at, e.g. 1,2 \\[every layer]")
@@ -1013,7 +1049,11 @@ def reproduce(
         ),
     ] = None,
     scale: Annotated[
-        str, typer.Option(help="smoke | small | paper (paper: full sizes, GPU advised)")
+        str,
+        typer.Option(
+            help="smoke | small | medium (zuo2025 trained and probes: Zuo's task lengths, "
+            "~3 h on a CPU) | paper (full sizes, GPU advised)"
+        ),
     ] = "small",
     seed: Annotated[int, typer.Option(help="Seed for weights and inputs")] = 0,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda[:N]")] = "auto",
@@ -1021,10 +1061,17 @@ def reproduce(
         Path | None, typer.Option(help="Run directory \\[runs/PAPER-SCALE-TIMESTAMP]")
     ] = None,
     force: Annotated[bool, typer.Option(help="Replace a non-empty --out")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Continue an interrupted run in --out (zuo2025 trained and probes): finished "
+            "models are kept, an interrupted one continues from its checkpoint"
+        ),
+    ] = False,
 ) -> None:
     """Reproduce a paper's results at a chosen scale, with figures and a markdown summary."""
     from nopelab.experiments import EXPERIMENTS
-    from nopelab.rundir import default_out, staged_run
+    from nopelab.rundir import default_out, resumable_run, staged_run
 
     if paper not in EXPERIMENTS:
         raise UserError(f"paper: unknown {paper!r}; allowed: {', '.join(EXPERIMENTS)}")
@@ -1034,13 +1081,53 @@ def reproduce(
         raise UserError(
             f"--part: {paper} has no part {part!r}; allowed: {', '.join(experiment.parts)}"
         )
-    if scale not in ("smoke", "small", "paper"):
-        raise UserError(f"--scale: unknown {scale!r}; allowed: smoke, small, paper")
     runner = experiment.parts[part]
+    scales = (
+        ("smoke", "small", "medium", "paper") if runner.resumable else ("smoke", "small", "paper")
+    )
+    if scale not in scales:
+        raise UserError(f"--scale: unknown {scale!r}; allowed: {', '.join(scales)}")
+    if resume and not runner.resumable:
+        raise UserError(
+            f"--resume: {paper} --part {part} cannot be resumed; "
+            "allowed for zuo2025 --part trained and probes"
+        )
+    if resume and (out is None or force):
+        raise UserError("--resume: give the run folder with --out (and no --force)")
     out = out or default_out(f"{paper}-{part}-{scale}")
     settings = runner.settings(scale, seed, device)  # validates before any output exists
-    with staged_run(out, force) as staging:
-        runner.run(settings, staging)
+    if not runner.resumable:
+        with staged_run(out, force) as staging:
+            runner.run(settings, staging)
+        typer.echo(f"wrote {out}; see {out / 'summary.md'}")
+        return
+    marker = {"paper": paper, "part": part, "scale": scale, "seed": seed, "device": device}
+    with resumable_run(out, marker, resume, force) as folder:
+        try:
+            runner.run(settings, folder)
+        except KeyboardInterrupt:
+            again = shlex.join(
+                [
+                    "nopelab",
+                    "reproduce",
+                    paper,
+                    "--part",
+                    part,
+                    "--scale",
+                    scale,
+                    "--seed",
+                    str(seed),
+                    "--device",
+                    device,
+                    "--out",
+                    str(out),
+                    "--resume",
+                ]
+            )
+            typer.echo(
+                f"nopelab: interrupted; finished models are kept: continue with {again}", err=True
+            )
+            sys.exit(130)
     typer.echo(f"wrote {out}; see {out / 'summary.md'}")
 
 

@@ -30,10 +30,11 @@ INITS = (
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 NORM_POSITIONS = ("pre", "post")
-INPUTS = ("random", "tokens", "data")
+INPUTS = ("random", "tokens", "data", "prompts")
 DTYPES = ("float32", "bfloat16", "float16")
-SITES = ("embed", "attn_out", "resid_mid", "mlp_out", "resid_post")
+SITES = ("embed", "attn_heads", "attn_out", "resid_mid", "mlp_out", "resid_post")  # model order
 BLOCK_SITES = SITES[1:]
+DEFAULT_SITES = tuple(site for site in SITES if site != "attn_heads")  # attn_heads on request
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -104,6 +105,9 @@ class ModelConfig:
     mlp: str = "gelu"  # gelu: fc → GELU → proj; swiglu: proj(silu(gate) * up), as in Llama
     tie_embeddings: bool = True
     dropout: float = 0.0
+    # Weight init (model.init_weights): every weight matrix, embeddings and output projections
+    # included, is re-drawn by the scheme; only gpt2 scales the residual projections by
+    # 1/sqrt(2 n_layers). kaiming_uniform is kaiming_uniform_(a=1): U(±sqrt(3 / fan_in)).
     init: str = "normal"
     init_std: float = 0.02  # sigma for normal/gpt2; half-width a for uniform(-a, a)
 
@@ -159,8 +163,10 @@ class AnalysisConfig:
     seq_len: int = 256
     samples: int = 64
     batch_size: int = 8
-    input: str = "random"  # random vectors (Chi et al.), uniform token ids, or a run's own data
-    sites: tuple[str, ...] = SITES
+    # random vectors (Chi et al.), uniform token ids, a run's own held-out data, or (task runs)
+    # its test prompts one per sequence, left-padded with newlines to seq_len (Zuo et al.)
+    input: str = "random"
+    sites: tuple[str, ...] = DEFAULT_SITES
     attn_entropy: bool = False
     seed: int = 0
     device: str = "auto"

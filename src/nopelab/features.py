@@ -19,7 +19,7 @@ activations ``(N, T, d)`` into the per-token features a probe sees:
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,19 +37,20 @@ EPS = 1e-30
 class Activations:
     """``(N, T, d)`` float32 activations per (site, layer), in memory or memory-mapped.
 
-    Use as a context manager when memory-mapped, so that the files are removed.
+    ``shapes`` maps each key to its ``(N, T, d)``. Use as a context manager when memory-mapped,
+    so that the files are removed.
     """
 
-    def __init__(self, keys: Iterable[SiteKey], shape: tuple[int, int, int], memory_gb: float):
-        self.keys = list(keys)
-        need = len(self.keys) * int(np.prod(shape)) * 4
+    def __init__(self, shapes: dict[SiteKey, tuple[int, int, int]], memory_gb: float):
+        self.keys = list(shapes)
+        need = sum(int(np.prod(shape)) for shape in shapes.values()) * 4
         self._tmp = (
             tempfile.TemporaryDirectory(prefix="nopelab-features-")
             if need > memory_gb * 2**30
             else None
         )
         self.arrays: dict[SiteKey, np.ndarray] = {}
-        for site, layer in self.keys:
+        for (site, layer), shape in shapes.items():
             if self._tmp is None:
                 self.arrays[(site, layer)] = np.empty(shape, dtype=np.float32)
             else:
@@ -90,10 +91,11 @@ def collect(
 ) -> Activations:
     """Run ``batches`` through ``model`` and keep the activations of ``keys``.
 
-    ``model`` is already on its device and dtype; ``advance(n)`` reports progress.
+    ``model`` is already on its device and dtype; ``advance(n)`` reports progress. The store is
+    sized by the first batch: ``attn_heads`` (heads × head_dim) need not be ``d_model`` wide.
     """
     param = next(model.parameters())
-    store = Activations(keys, (samples, seq_len, model.cfg.d_model), memory_gb)
+    store: Activations | None = None
     row = 0
     current: dict[SiteKey, Tensor] = {}
     handles = observe(model, keys, current.__setitem__)
@@ -106,6 +108,9 @@ def collect(
             n = len(next(iter(inputs.values())))
             if row + n > samples:
                 raise ValueError(f"the batches hold more than the {samples} sequences asked for")
+            if store is None:
+                shapes = {key: (samples, seq_len, current[key].shape[-1]) for key in keys}
+                store = Activations(shapes, memory_gb)
             for key in keys:
                 store.arrays[key][row : row + n] = current[key].float().cpu().numpy()
             row += n

@@ -8,7 +8,11 @@ For one sequence ``h`` of shape (T, d) at one site:
   with ``S_ik > S_ij`` (ties fail), pooled over rows: ``A = sum_i #{...} / C(T, 3)``;
   its signed form ``(concordant - discordant) / pairs``;
 * the norm score: the same count on the single row ``-||h||``, i.e. the fraction of pairs
-  j < k with ``||h_k|| < ||h_j||`` (norms shrinking with position, the variance hypothesis).
+  j < k with ``||h_k|| < ||h_j||`` (norms shrinking with position, the variance hypothesis);
+* Zuo et al.'s norm score: the adjacency score's pooled count with every row i reading
+  ``-||h||`` at its earlier positions: pairs j < k < i with ``||h_k|| < ||h_j||``, summed over
+  rows and divided by ``C(T, 3)``. Pair (j, k) thus counts once per later row, T - k times
+  (1-based), so early pairs weigh more than in the plain norm score.
 
 Counting is exact and takes O(n log n) per row (sorting that counts ordered pairs, in
 :mod:`nopelab.pair_count`), so a T x T matrix costs O(T^2 log T); triples are never enumerated.
@@ -25,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nopelab.pair_count import pair_counts
+from nopelab.pair_count import pair_counts, weighted_pair_counts
 
 EPS = 1e-12
 
@@ -157,6 +161,21 @@ def norm_score(norms: Tensor | np.ndarray) -> PairScores:
     B, T = x.shape
     counts = pair_counts(x, np.full(B, T))
     return _pair_scores(counts.less, counts.equal, T * (T - 1) // 2, counts.nan)
+
+
+def norm_score_zuo(norms: Tensor | np.ndarray) -> np.ndarray:
+    """Zuo et al.'s pooled norm score of each sample of (B, T) norms, shape (B,).
+
+    For every row i = 1..T (1-based) count the pairs j < k < i with ``||h_k|| < ||h_j||`` (ties
+    fail), sum over rows and divide by ``sum_i C(i - 1, 2) = C(T, 3)``. Pair (j, k) is counted by
+    the T - k rows after k, so the sum is ``sum_{j<k} [||h_k|| < ||h_j||] (T - k)``, computed in
+    O(T log T). A sample with a NaN norm scores NaN, as in :func:`norm_score`; T < 3 gives NaN.
+    """
+    x = -_to_numpy(norms)
+    T = x.shape[-1]
+    pairs = math.comb(T, 3)
+    weighted, nan = weighted_pair_counts(x, np.arange(T - 1, -1, -1))  # T - k, k = 1..T
+    return np.where(nan | (pairs == 0), np.nan, weighted / max(pairs, 1))
 
 
 def adjacency_score_bruteforce(similarity: Tensor | np.ndarray) -> PairScores:

@@ -12,7 +12,9 @@ The MLP is GPT-2's (GELU) or Llama's gated SwiGLU (``ModelConfig.mlp``);
 :mod:`nopelab.hf.export` turns matching configurations into GPT-2, Llama or SmolLM3 models.
 
 Every block exposes named :class:`HookPoint` sites (``attn_out``, ``resid_mid``, ``mlp_out``,
-``resid_post``); the model exposes ``embed``. Capture code attaches forward hooks to them.
+``resid_post``), and its attention ``attn_heads`` (``hook_heads``: the heads' outputs
+concatenated, the input of the output projection); the model exposes ``embed``. Capture code
+attaches forward hooks to them.
 Attention runs through ``scaled_dot_product_attention`` unless someone hooks the attention
 scores or probabilities, which only the explicit path materialises.
 """
@@ -191,6 +193,7 @@ class Attention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.hook_scores = HookPoint()  # (B, H, T, T) scaled logits incl. position bias, unmasked
         self.hook_probs = HookPoint()  # (B, H, T, T) attention probabilities
+        self.hook_heads = HookPoint()  # (B, T, d) the heads' outputs concatenated, before proj
 
     def forward(self, x: Tensor) -> Tensor:
         B, T, C = x.shape
@@ -204,7 +207,7 @@ class Attention(nn.Module):
             y = self._explicit(q, k, v, bias)
         else:
             y = self._fused(q, k, v, bias)
-        y = y.transpose(1, 2).reshape(B, T, C)
+        y = self.hook_heads(y.transpose(1, 2).reshape(B, T, C))
         return self.resid_dropout(self.proj(y))
 
     def _causal_mask(self, T: int, device: torch.device) -> Tensor:
@@ -322,10 +325,27 @@ class Transformer(nn.Module):
 
 
 def init_weights(model: Transformer, cfg: ModelConfig) -> None:
-    """Initialise every weight matrix (linear and embedding) by ``cfg.init``; zero the biases.
+    """Initialise every weight matrix by ``cfg.init``; zero the biases; norm gains stay at one.
 
-    ``pytorch`` keeps PyTorch's own per-module defaults. ``gpt2`` is normal(init_std) with the
-    residual projections scaled by 1/sqrt(2 * n_layers). Norm gains stay at one.
+    Every parameter with two or more dimensions is re-drawn: the linear layers (residual output
+    projections included), the token embedding (the tied output head is the same tensor; an
+    untied one is re-drawn too) and a learned position table. Fans are PyTorch's: a weight of
+    shape (rows, cols) has fan_in = cols, fan_out = rows (an embedding's fan_in is d_model).
+
+    * ``normal``: N(0, init_std²), no residual scaling;
+    * ``gpt2``: N(0, init_std²) with the residual projections (``attn.proj``, ``mlp.proj``)
+      scaled by 1/sqrt(2 * n_layers) — nanoGPT's and hence Zuo et al.'s default;
+    * ``uniform``: U(-init_std, init_std);
+    * ``xavier_normal`` / ``xavier_uniform``: std sqrt(2 / (fan_in + fan_out)), the uniform
+      one on ±sqrt(6 / (fan_in + fan_out));
+    * ``kaiming_uniform``: ``kaiming_uniform_(w, a=1)`` as in Zuo et al.'s code, i.e.
+      U(±sqrt(3 / fan_in)), std 1/sqrt(fan_in) (PyTorch's default a=sqrt(5) would give
+      ±sqrt(1 / fan_in), a=0 ±sqrt(6 / fan_in));
+    * ``pytorch``: PyTorch's own per-module defaults, biases included (nothing is touched).
+
+    The schemes other than ``gpt2`` and ``pytorch`` behave like Zuo et al.'s ``init_scheme``
+    override: every non-norm weight, embeddings and output projections included, is re-drawn
+    by the one rule, with no 1/sqrt(2L) scaling. The fan-based schemes ignore ``init_std``.
     """
     if cfg.init == "pytorch":
         return
@@ -351,4 +371,4 @@ def init_weights(model: Transformer, cfg: ModelConfig) -> None:
         elif cfg.init == "xavier_uniform":
             nn.init.xavier_uniform_(param)
         elif cfg.init == "kaiming_uniform":
-            nn.init.kaiming_uniform_(param)
+            nn.init.kaiming_uniform_(param, a=1)  # bound sqrt(3 / fan_in), as in Zuo et al.

@@ -119,12 +119,24 @@ def _score_lines(ax: plt.Axes, rows: pd.DataFrame, x: str, score: str, by: str) 
     ax.set(ylim=(0, 1.02))
 
 
+SCORE_LABELS = {
+    "adjacency": "adjacency",
+    "norm_score": "norm score",
+    "norm_score_zuo": "norm score (Zuo, pooled)",
+}
+
+
 def scores_by_layer(rows: pd.DataFrame, path: Path, title: str = "") -> None:
-    """Adjacency and norm scores (mean ± std over samples) per layer, one line per site."""
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
-    for ax, score in zip(axes, ("adjacency", "norm_score"), strict=True):
+    """Adjacency and norm scores (mean ± std over samples) per layer, one line per site: a
+    panel per score among ``SCORE_LABELS`` whose ``_mean`` column ``rows`` has."""
+    scores = [score for score in SCORE_LABELS if f"{score}_mean" in rows]
+    fig, axes = plt.subplots(
+        1, len(scores), figsize=(4.5 * len(scores), 3.6), squeeze=False, layout="constrained"
+    )
+    axes = axes[0]
+    for ax, score in zip(axes, scores, strict=True):
         _score_lines(ax, rows, "layer", score, "site")
-        ax.set(xlabel="layer", ylabel=score.replace("_", " "))
+        ax.set(xlabel="layer", ylabel=SCORE_LABELS[score])
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     if title:

@@ -69,6 +69,43 @@ def staged_run(out: Path, force: bool) -> Iterator[Path]:
         staging.rename(out)
 
 
+MARKER = "reproduction.json"  # what a resumable run folder holds while it is being written
+
+
+@contextmanager
+def resumable_run(out: Path, marker: dict[str, Any], resume: bool, force: bool) -> Iterator[Path]:
+    """Yield ``out`` itself as the folder to write into, for work that can be continued.
+
+    A new run starts from an empty (or, with ``force``, replaced) folder and records ``marker``
+    (what was asked for) in it; ``resume`` continues a folder whose marker matches and that has
+    no ``summary.md`` yet (the last file a run writes). On an error or an interrupt everything
+    written so far stays, for ``resume``.
+    """
+    out = out.absolute()
+    if resume:
+        path = out / MARKER
+        if not path.is_file():
+            raise UserError(f"--resume: {out} holds no resumable run (no {MARKER})")
+        try:
+            stored = json.loads(path.read_text())
+        except (OSError, ValueError, UnicodeDecodeError):
+            raise UserError(f"--resume: {path} is not valid JSON") from None
+        if stored != marker:
+            key = next(
+                k for k in sorted(set(stored) | set(marker)) if stored.get(k) != marker.get(k)
+            )
+            raise UserError(
+                f"--resume: {key} is {marker.get(key)!r} but the run was started with "
+                f"{stored.get(key)!r}"
+            )
+        if (out / "summary.md").is_file():
+            raise UserError(f"--resume: the run in {out} has already finished")
+    else:
+        with staged_run(out, force) as staging:
+            write_json(staging / MARKER, marker)
+    yield out
+
+
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
 

@@ -58,7 +58,8 @@ def token_loss(
 
 
 class TaskSource:
-    """A synthetic task: packed training lines, exact-match accuracy on the disjoint test set."""
+    """A synthetic task: training rows in the task's layout, exact-match accuracy on the
+    disjoint test set (prompts left-padded as in training for the ``padded`` layout)."""
 
     vocab_size = len(tasks.VOCAB)
 
@@ -66,6 +67,20 @@ class TaskSource:
         self.cfg = cfg
         self.train, self.test = tasks.make_splits(cfg, seed)
         self.eval_samples = eval_samples
+        self.prompt_len = tasks.max_prompt_len(cfg)
+        self.pad_to = self.prompt_len if cfg.layout == "padded" else None
+        width = tasks.max_line_len(cfg)
+        self.rows = {
+            "train": self._rows(self.train, seed, width),
+            "test": self._rows(self.test, seed, width),
+        }
+
+    def _rows(self, examples: list[tasks.Example], seed: int, width: int):
+        if self.cfg.layout == "windows":
+            return tasks.LineStream(examples, seed)
+        if self.cfg.layout == "padded":
+            return tasks.PaddedLines(examples, self.prompt_len, width)
+        return None  # packed rows are drawn from the lines themselves
 
     def check_model(self, model: ModelConfig, seq_len: int) -> None:
         if model.vocab_size != self.vocab_size:
@@ -85,13 +100,40 @@ class TaskSource:
                 f"must hold a whole line of the task ({longest} characters), got {seq_len}",
             )
 
+    def _batch(
+        self, split: str, batch_size: int, seq_len: int, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
+        rows = self.rows[split]
+        if rows is None:
+            examples = self.train if split == "train" else self.test
+            return tasks.packed_batch(examples, batch_size, seq_len, generator, self.cfg.loss_mode)
+        return rows.batch(batch_size, seq_len, generator, self.cfg.loss_mode)
+
     def batch(
         self, batch_size: int, seq_len: int, generator: torch.Generator
     ) -> tuple[Tensor, Tensor]:
-        return tasks.packed_batch(self.train, batch_size, seq_len, generator)
+        return self._batch("train", batch_size, seq_len, generator)
 
     def held_out(self, batch_size: int, seq_len: int, generator: torch.Generator) -> Tensor:
         return tasks.packed_batch(self.test, batch_size, seq_len, generator)[0]
+
+    def prompts(self, count: int, seq_len: int, generator: torch.Generator) -> Tensor:
+        """Zuo et al.'s analysis inputs: ``count`` test prompts, one per sequence, left-padded
+        with newlines to ``seq_len`` (drawn without replacement while the test set lasts)."""
+        if seq_len < self.prompt_len:
+            raise ConfigError(
+                "seq_len",
+                f"{seq_len} is shorter than the longest {self.cfg.name} prompt "
+                f"({self.prompt_len} characters); allowed: >= {self.prompt_len}",
+            )
+        order = torch.cat(
+            [
+                torch.randperm(len(self.test), generator=generator)
+                for _ in range(-(-count // len(self.test)))
+            ]
+        )[:count]
+        text = "".join(tasks.left_pad(self.test[i].prompt, seq_len) for i in order.tolist())
+        return torch.tensor(tasks.encode(text)).view(count, seq_len)
 
     @torch.no_grad()
     def evaluate(
@@ -101,11 +143,11 @@ class TaskSource:
         generator = torch.Generator().manual_seed(0)
         total, count = 0.0, 0
         for _ in range(4):
-            idx, targets = tasks.packed_batch(self.test, 32, seq_len, generator)
+            idx, targets = self._batch("test", 32, seq_len, generator)
             loss, n = token_loss(model, idx.to(device), targets.to(device), autocast)
             total, count = total + loss, count + n
         with autocast():
-            acc = tasks.accuracy(model, examples, device=device)
+            acc = tasks.accuracy(model, examples, pad_to=self.pad_to, device=device)
         return {"accuracy": acc, "loss": total / max(count, 1)}
 
 

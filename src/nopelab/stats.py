@@ -2,8 +2,9 @@
 
 :class:`SiteStats` takes one site's activations (B, T, d) and folds them into fixed-size sums:
 per-position variance and norm, the summed cosine matrix, and running moments of the
-per-sample adjacency and norm scores. :class:`AttentionStats` does the same for one layer's
-attention probabilities (entropy per query position) and scaled logits (their spread).
+per-sample adjacency and norm scores (the plain norm score and Zuo et al.'s pooled one, both
+from the per-sample norms). :class:`AttentionStats` does the same for one layer's attention
+probabilities (entropy per query position) and scaled logits (their spread).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from nopelab.metrics import (
     cosine_by_distance,
     cosine_row_blocks,
     norm_score,
+    norm_score_zuo,
     position_variance,
     symmetric_from_lower,
 )
@@ -62,6 +64,7 @@ class SiteResult:
     adjacency_signed: RunningMoments
     norm_score: RunningMoments
     norm_signed: RunningMoments
+    norm_score_zuo: RunningMoments  # Zuo et al.'s pooled norm score (metrics.norm_score_zuo)
 
     @property
     def cosine_by_distance(self) -> np.ndarray:
@@ -79,6 +82,7 @@ class SiteStats:
         self.cosine_sum = torch.zeros(seq_len, seq_len, **zeros)
         self.adjacency, self.adjacency_signed = RunningMoments(), RunningMoments()
         self.norm_score, self.norm_signed = RunningMoments(), RunningMoments()
+        self.norm_score_zuo = RunningMoments()
 
     @torch.no_grad()
     def update(self, h: Tensor) -> None:
@@ -99,6 +103,7 @@ class SiteStats:
         self.adjacency_signed.update(adjacency.signed)
         self.norm_score.update(by_norm.score)
         self.norm_signed.update(by_norm.signed)
+        self.norm_score_zuo.update(norm_score_zuo(norms))
 
     def result(self) -> SiteResult:
         n = max(self.samples, 1)
@@ -111,6 +116,7 @@ class SiteStats:
             adjacency_signed=self.adjacency_signed,
             norm_score=self.norm_score,
             norm_signed=self.norm_signed,
+            norm_score_zuo=self.norm_score_zuo,
         )
 
 

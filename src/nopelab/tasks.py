@@ -1,10 +1,23 @@
 """Character-level synthetic tasks (after Zuo et al. 2025), their data and their accuracy.
 
-Each task line is ``prompt + answer + "\\n"``, e.g. ``123+45=168``. The prompt ends with ``=``;
-a model is trained to continue it with the answer and a newline. ``make_splits`` draws distinct
-training and test instances (disjoint prompts, optionally of different lengths for length
-generalisation), ``packed_batch`` packs random lines into fixed-length training rows whose loss
-covers the answers only, and ``accuracy`` scores exact-match greedy decoding.
+Each task line is ``prompt + answer + "\\n"``. Two formats:
+
+* ``zuo`` (the default of add, reverse, order and wherex), as in Zuo et al.'s data files:
+  ``$50+148=891$`` (the sum written least-significant digit first, the line wrapped in ``$``),
+  ``rev(5973245481290159)=9510921845423795``, ``order(74283,87234)=30241``,
+  ``wherex(360465066,6)=1``. Numbers are uniform integers below 10**max_len written without
+  leading zeros, so most have max_len digits (90 %, then 9 %, 0.9 %, …); order's digit count
+  follows the same law.
+* ``plain``: the length is uniform over the range and every operand has that length:
+  ``123+45=168`` (``reversed_answer`` writes the sum backwards), copy and count.
+
+The prompt ends with ``=``; a model is trained to continue it with the answer and a newline.
+``make_splits`` draws distinct training and test instances (disjoint prompts). Training rows
+come in three layouts (``TaskConfig.layout``): ``packed`` lines end to end from a line start,
+``windows`` of the shuffled, concatenated training lines starting anywhere (Zuo's ``train.py``),
+or ``padded``: one line per row, its prompt left-padded with newlines to the longest prompt.
+The loss covers the answers (``loss_mode = "answer"``) or every character (``"all"``).
+``accuracy`` scores exact-match greedy decoding, all prompts of a batch at once.
 """
 
 from __future__ import annotations
@@ -12,7 +25,6 @@ from __future__ import annotations
 import math
 import random
 import string
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,16 +36,24 @@ from nopelab.config import _check_types, _choice, _positive
 from nopelab.errors import ConfigError, UserError
 
 VOCAB = "\n" + "".join(chr(c) for c in range(32, 127))  # token id = index in VOCAB
+NEWLINE = 0  # token id of "\n": line end and left padding
 TASKS = ("add", "reverse", "order", "wherex", "copy", "count")
+ZUO_TASKS = TASKS[:4]  # the tasks that have Zuo's format
+FORMATS = ("zuo", "plain")
+LAYOUTS = ("packed", "windows", "padded")
+LOSS_MODES = ("answer", "all")
 IGNORE = -100  # target id that cross-entropy skips (PyTorch's default ignore_index)
 
 DEFAULT_LENGTHS = {
-    "add": (1, 3),
-    "reverse": (1, 16),
-    "order": (2, 10),
-    "wherex": (1, 16),
-    "copy": (1, 16),
-    "count": (1, 16),
+    "zuo": {"add": (1, 3), "reverse": (1, 16), "order": (2, 5), "wherex": (1, 9)},
+    "plain": {
+        "add": (1, 3),
+        "reverse": (1, 16),
+        "order": (2, 10),
+        "wherex": (1, 16),
+        "copy": (1, 16),
+        "count": (1, 16),
+    },
 }
 LENGTH_LIMITS = {"order": 10}  # order needs distinct digits
 DIGITS = string.digits
@@ -67,30 +87,45 @@ def decode(ids: Sequence[int] | Tensor | np.ndarray) -> str:
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """Which task, the operand lengths of training and test instances, and how many of each.
+    """Which task in which format, its lengths and sizes, and how training rows are laid out.
 
     A length is the number of digits of each addend (add), of the digit string (reverse, wherex),
     of each argument (order), or of the letter string (copy, count). ``None`` means the task's
-    default (:data:`DEFAULT_LENGTHS`) for training, and the training range for testing.
+    default (:data:`DEFAULT_LENGTHS`) for training, and the training range for testing;
+    ``format = None`` means ``zuo`` where the task has it, else ``plain``.
     """
 
     name: str = "add"
+    format: str | None = None
     min_len: int | None = None
     max_len: int | None = None
     test_min_len: int | None = None
     test_max_len: int | None = None
-    reversed_answer: bool = False  # add only: the sum's digits least-significant first
+    reversed_answer: bool = False  # plain add only: the sum's digits least-significant first
     train_size: int = 10_000
     test_size: int = 1_000
+    layout: str = "packed"
+    loss_mode: str = "answer"
 
     def __post_init__(self) -> None:
         _check_types(self)
         _choice("task", self.name, TASKS)
+        if self.format is not None:
+            if not isinstance(self.format, str):
+                raise ConfigError("format", f"expected str or None, got {self.format!r}")
+            _choice("format", self.format, FORMATS)
+            if self.format == "zuo" and self.name not in ZUO_TASKS:
+                raise ConfigError(
+                    "format", f"{self.name} has only the plain format; allowed: plain"
+                )
+        _choice("layout", self.layout, LAYOUTS)
+        _choice("loss_mode", self.loss_mode, LOSS_MODES)
         _positive("train_size", self.train_size)
         _positive("test_size", self.test_size)
-        if self.reversed_answer and self.name != "add":
+        if self.reversed_answer and (self.name != "add" or self.resolved_format != "plain"):
             raise ConfigError(
-                "reversed_answer", f"only allowed with name='add', not name={self.name!r}"
+                "reversed_answer",
+                "only allowed with the plain add format (Zuo's add format is always reversed)",
             )
         limit = LENGTH_LIMITS.get(self.name)
         for field in ("min_len", "max_len", "test_min_len", "test_max_len"):
@@ -114,9 +149,16 @@ class TaskConfig:
                 )
 
     @property
+    def resolved_format(self) -> str:
+        """``format`` with its default resolved."""
+        if self.format is not None:
+            return self.format
+        return "zuo" if self.name in ZUO_TASKS else "plain"
+
+    @property
     def train_lengths(self) -> tuple[int, int]:
         """(lo, hi) operand lengths of training instances, defaults resolved."""
-        lo, hi = DEFAULT_LENGTHS[self.name]
+        lo, hi = DEFAULT_LENGTHS[self.resolved_format][self.name]
         return (
             lo if self.min_len is None else self.min_len,
             hi if self.max_len is None else self.max_len,
@@ -147,11 +189,15 @@ class Example:
 # ------------------------------------------------------------------------ the six tasks
 
 
-def _example(name: str, operands: tuple[str, ...], reversed_answer: bool = False) -> Example:
+def _example(
+    name: str, operands: tuple[str, ...], fmt: str = "plain", reversed_answer: bool = False
+) -> Example:
     """The line of one instance, its answer computed from the operands."""
     match name, operands:
         case "add", (a, b):
             total = str(int(a) + int(b))
+            if fmt == "zuo":
+                return Example(f"${a}+{b}=", total[::-1] + "$")
             return Example(f"{a}+{b}=", total[::-1] if reversed_answer else total)
         case "reverse", (digits,):
             return Example(f"rev({digits})=", digits[::-1])
@@ -168,8 +214,29 @@ def _example(name: str, operands: tuple[str, ...], reversed_answer: bool = False
     raise ValueError(f"bad operands {operands!r} for task {name!r}")
 
 
-def _draw_operands(name: str, k: int, rng: random.Random) -> tuple[str, ...]:
-    """Uniformly random operands of length ``k``."""
+def _number(lengths: tuple[int, int], rng: random.Random) -> str:
+    """A uniform integer below 10**hi without leading zeros, redrawn until it has >= lo digits."""
+    lo, hi = lengths
+    while len(text := str(rng.randrange(10**hi))) < lo:
+        pass
+    return text
+
+
+def _draw_operands(name: str, fmt: str, lengths: tuple[int, int], rng: random.Random):
+    """Random operands: Zuo's law of lengths (``zuo``) or a uniform length (``plain``)."""
+    if fmt == "zuo":
+        match name:
+            case "add":
+                return _number(lengths, rng), _number(lengths, rng)
+            case "reverse":
+                return (_number(lengths, rng),)
+            case "order":
+                first = "".join(rng.sample(DIGITS, len(_number(lengths, rng))))
+                return first, "".join(rng.sample(first, len(first)))
+            case _:  # wherex
+                digits = _number(lengths, rng)
+                return digits, rng.choice(digits)
+    k = rng.randint(*lengths)
     match name:
         case "add":
             low = 10 ** (k - 1) if k > 1 else 0  # no leading zero
@@ -194,31 +261,40 @@ def _longest_operands(name: str, k: int) -> tuple[str, ...]:
         case "order":
             return DIGITS[:k], DIGITS[:k]
         case "wherex":
-            return "0" * (k - 1) + "1", "1"  # the largest index
+            return "1" + "0" * (k - 2) + "2" if k > 1 else "1", "2" if k > 1 else "1"
         case "reverse":
-            return ("0" * k,)
+            return ("1" * k,)
         case _:  # copy, count
             return ("a" * k,)
 
 
-def _instance_count(name: str, k: int) -> int:
-    """How many distinct prompts of length ``k`` exist."""
+def _numbers_of_length(k: int) -> int:
+    """How many integers have exactly k digits (written without leading zeros)."""
+    return 10 if k == 1 else 9 * 10 ** (k - 1)
+
+
+def _instance_count(name: str, fmt: str, k: int) -> int:
+    """How many distinct prompts of length ``k`` exist (add: both operands of length k)."""
     match name:
         case "add":
-            return (10 if k == 1 else 9 * 10 ** (k - 1)) ** 2
+            return _numbers_of_length(k) ** 2
         case "reverse":
-            return 10**k
+            return _numbers_of_length(k) if fmt == "zuo" else 10**k
         case "order":  # k distinct digits in order, then a permutation of them
             return math.perm(10, k) * math.factorial(k)
         case "wherex":  # sum over strings of their distinct digits
-            return 10 * (10**k - 9**k)
+            if fmt == "plain":
+                return 10 * (10**k - 9**k)
+            return 10 if k == 1 else 9 * 10**k - 9 ** (k + 1)
         case _:  # copy, count
             return 26**k
 
 
-def _count_in(name: str, lengths: tuple[int, int]) -> int:
+def _count_in(name: str, lengths: tuple[int, int], fmt: str = "plain") -> int:
     lo, hi = lengths
-    return sum(_instance_count(name, k) for k in range(lo, hi + 1))
+    if name == "add" and fmt == "zuo":  # the two operands' lengths are drawn independently
+        return sum(_numbers_of_length(k) for k in range(lo, hi + 1)) ** 2
+    return sum(_instance_count(name, fmt, k) for k in range(lo, hi + 1))
 
 
 # ------------------------------------------------------------------------------- splits
@@ -227,16 +303,18 @@ def _count_in(name: str, lengths: tuple[int, int]) -> int:
 def make_splits(cfg: TaskConfig, seed: int) -> tuple[list[Example], list[Example]]:
     """Distinct training and test examples (no test prompt occurs in training), by seed.
 
-    Each instance draws its length uniformly from the range, then its operands uniformly.
     A range with fewer distinct instances than asked for is a ConfigError.
     """
-    train_space = _count_in(cfg.name, cfg.train_lengths)
+    fmt = cfg.resolved_format
+    train_space = _count_in(cfg.name, cfg.train_lengths, fmt)
     if cfg.train_size > train_space:
         raise ConfigError("train_size", _too_few(cfg.name, train_space, cfg.train_lengths))
     (lo, hi), (test_lo, test_hi) = cfg.train_lengths, cfg.test_lengths
     overlap = (max(lo, test_lo), min(hi, test_hi))
-    blocked = min(cfg.train_size, _count_in(cfg.name, overlap)) if overlap[0] <= overlap[1] else 0
-    test_space = _count_in(cfg.name, cfg.test_lengths) - blocked
+    blocked = (
+        min(cfg.train_size, _count_in(cfg.name, overlap, fmt)) if overlap[0] <= overlap[1] else 0
+    )
+    test_space = _count_in(cfg.name, cfg.test_lengths, fmt) - blocked
     if cfg.test_size > test_space:
         raise ConfigError("test_size", _too_few(cfg.name, test_space, cfg.test_lengths))
 
@@ -262,11 +340,12 @@ def _draw(
     exclude: set[str],
 ) -> list[Example]:
     """``size`` examples with distinct prompts outside ``exclude``, by rejection sampling."""
+    fmt = cfg.resolved_format
     seen = set(exclude)
     examples: list[Example] = []
     for _ in range(50 * size + 1000):  # ample unless the range is nearly exhausted
-        operands = _draw_operands(cfg.name, rng.randint(*lengths), rng)
-        example = _example(cfg.name, operands, cfg.reversed_answer)
+        operands = _draw_operands(cfg.name, fmt, lengths, rng)
+        example = _example(cfg.name, operands, fmt, cfg.reversed_answer)
         if example.prompt not in seen:
             seen.add(example.prompt)
             examples.append(example)
@@ -275,18 +354,25 @@ def _draw(
     raise ConfigError(
         field,
         f"drew only {len(examples)} distinct instances before giving up; "
-        + _too_few(cfg.name, _count_in(cfg.name, lengths), lengths),
+        + _too_few(cfg.name, _count_in(cfg.name, lengths, fmt), lengths),
     )
 
 
 def _longest_example(cfg: TaskConfig) -> Example:
     k = max(cfg.train_lengths[1], cfg.test_lengths[1])
-    return _example(cfg.name, _longest_operands(cfg.name, k), cfg.reversed_answer)
+    return _example(
+        cfg.name, _longest_operands(cfg.name, k), cfg.resolved_format, cfg.reversed_answer
+    )
 
 
 def max_answer_len(cfg: TaskConfig) -> int:
     """The longest answer over training and test lengths (without the newline)."""
     return len(_longest_example(cfg).answer)
+
+
+def max_prompt_len(cfg: TaskConfig) -> int:
+    """The longest prompt over training and test lengths."""
+    return len(_longest_example(cfg).prompt)
 
 
 def max_line_len(cfg: TaskConfig) -> int:
@@ -297,14 +383,40 @@ def max_line_len(cfg: TaskConfig) -> int:
 # ------------------------------------------------------------------------------ batches
 
 
+def _encode_array(text: str) -> np.ndarray:
+    """``encode`` for long texts, as an int64 array."""
+    ids = _ASCII_TO_ID[np.frombuffer(text.encode("ascii", errors="ignore"), dtype=np.uint8)]
+    if len(ids) != len(text) or (ids < 0).any():
+        encode(text)  # raises the UserError that names the character
+    return ids
+
+
+def _answer_mask(lines: Sequence[Example]) -> np.ndarray:
+    """Per character of the concatenated lines: True on answers and their closing newline."""
+    spans = [length for line in lines for length in (len(line.prompt), len(line.answer) + 1)]
+    return np.repeat(np.tile([False, True], len(lines)), spans)
+
+
+def _targets(tokens: np.ndarray, loss_on: np.ndarray) -> tuple[Tensor, Tensor]:
+    """(idx, targets) from rows of seq_len + 1 tokens: targets shifted by one, IGNORE where
+    ``loss_on`` (per token, same shape) is False."""
+    targets = np.where(loss_on[:, 1:], tokens[:, 1:], IGNORE)
+    return torch.from_numpy(np.ascontiguousarray(tokens[:, :-1])), torch.from_numpy(targets)
+
+
 def packed_batch(
-    examples: Sequence[Example], batch_size: int, seq_len: int, generator: torch.Generator
+    examples: Sequence[Example],
+    batch_size: int,
+    seq_len: int,
+    generator: torch.Generator,
+    loss_mode: str = "answer",
 ) -> tuple[Tensor, Tensor]:
     """Rows of random lines packed end to end, as (idx, targets), each (batch_size, seq_len).
 
     Every row starts at the start of a line; lines are drawn uniformly with replacement until
     the row has seq_len + 1 tokens (the last line may be cut). ``targets`` is ``idx`` shifted by
-    one, with IGNORE wherever the target is not an answer character or the newline after one.
+    one; with ``loss_mode = "answer"`` it is IGNORE wherever the target is not an answer
+    character or the newline after one.
     """
     if not examples or batch_size < 1 or seq_len < 1:
         raise ValueError("packed_batch needs examples, batch_size >= 1 and seq_len >= 1")
@@ -326,81 +438,153 @@ def packed_batch(
         mean_len = sum(filled) / sum(map(len, lines))
     flat = [line for row in lines for line in row]
     tokens = _encode_array("".join([line.text for line in flat]))
-    # per character: True on answers and their closing newline, False on prompts
-    spans = [length for line in flat for length in (len(line.prompt), len(line.answer) + 1)]
-    loss_on = np.repeat(np.tile([False, True], len(flat)), spans)
+    loss_on = _answer_mask(flat) if loss_mode == "answer" else np.ones(len(tokens), dtype=bool)
     row_starts = np.cumsum(filled) - filled
     window = row_starts[:, None] + np.arange(need)  # (batch_size, need) character positions
-    tokens, loss_on = tokens[window], loss_on[window]
-    targets = np.where(loss_on[:, 1:], tokens[:, 1:], IGNORE)
-    return torch.from_numpy(np.ascontiguousarray(tokens[:, :-1])), torch.from_numpy(targets)
+    return _targets(tokens[window], loss_on[window])
 
 
-def _encode_array(text: str) -> np.ndarray:
-    """``encode`` for long texts, as an int64 array."""
-    ids = _ASCII_TO_ID[np.frombuffer(text.encode("ascii", errors="ignore"), dtype=np.uint8)]
-    if len(ids) != len(text) or (ids < 0).any():
-        encode(text)  # raises the UserError that names the character
-    return ids
+class LineStream:
+    """The training lines shuffled once and concatenated, as in Zuo et al.'s data files; rows
+    are random windows of it that start anywhere (mid-line too)."""
+
+    def __init__(self, examples: Sequence[Example], seed: int):
+        lines = list(examples)
+        random.Random(seed).shuffle(lines)
+        self.tokens = _encode_array("".join(line.text for line in lines))
+        self.answers = _answer_mask(lines)
+
+    def batch(
+        self, batch_size: int, seq_len: int, generator: torch.Generator, loss_mode: str = "all"
+    ) -> tuple[Tensor, Tensor]:
+        if len(self.tokens) < seq_len + 1:
+            raise ConfigError(
+                "seq_len",
+                f"{seq_len} is longer than all training lines together ({len(self.tokens)} "
+                "characters); use more lines or a shorter seq_len",
+            )
+        starts = torch.randint(len(self.tokens) - seq_len, (batch_size,), generator=generator)
+        window = starts.numpy()[:, None] + np.arange(seq_len + 1)
+        loss_on = self.answers[window] if loss_mode == "answer" else np.ones(window.shape, bool)
+        return _targets(self.tokens[window], loss_on)
+
+
+def left_pad(prompt: str, length: int) -> str:
+    """``prompt`` after newlines, ``length`` characters in all (Zuo's analysis inputs)."""
+    if len(prompt) > length:
+        raise ConfigError(
+            "seq_len",
+            f"{length} is shorter than the prompt {prompt!r} ({len(prompt)} characters); "
+            f"allowed: >= {len(prompt)}",
+        )
+    return "\n" * (length - len(prompt)) + prompt
+
+
+class PaddedLines:
+    """One line per row: its prompt left-padded with newlines to ``prompt_len``, then the answer,
+    the closing newline and newline filler (never a target) up to the row's end."""
+
+    def __init__(self, examples: Sequence[Example], prompt_len: int, width: int):
+        n = len(examples)
+        self.tokens = np.zeros((n, width), dtype=np.int64)  # NEWLINE everywhere first
+        self.answers = np.zeros((n, width), dtype=bool)
+        self.lines = np.zeros((n, width), dtype=bool)  # the line's own characters
+        for i, example in enumerate(examples):
+            text = left_pad(example.prompt, prompt_len) + example.answer + "\n"
+            self.tokens[i, : len(text)] = encode(text)
+            self.answers[i, prompt_len : len(text)] = True
+            self.lines[i, prompt_len - len(example.prompt) : len(text)] = True
+
+    def batch(
+        self,
+        batch_size: int,
+        seq_len: int,
+        generator: torch.Generator,
+        loss_mode: str = "answer",
+    ) -> tuple[Tensor, Tensor]:
+        rows = torch.randint(len(self.tokens), (batch_size,), generator=generator).numpy()
+        mask = self.answers if loss_mode == "answer" else self.lines
+        tokens, loss_on = self.tokens[rows, : seq_len + 1], mask[rows, : seq_len + 1]
+        if (extra := seq_len + 1 - tokens.shape[1]) > 0:  # more newline filler, no targets
+            tokens = np.pad(tokens, ((0, 0), (0, extra)), constant_values=NEWLINE)
+            loss_on = np.pad(loss_on, ((0, 0), (0, extra)), constant_values=False)
+        return _targets(tokens, loss_on)
 
 
 # ----------------------------------------------------------------------------- accuracy
 
 
 @torch.no_grad()
-def accuracy(
+def greedy_answers(
     model: nn.Module,
     examples: Sequence[Example],
     *,
+    pad_to: int | None = None,
     batch_size: int = 256,
     device: torch.device | str = "cpu",
-) -> float:
-    """Exact-match accuracy of greedy decoding, each prompt alone from position 0.
+) -> list[str]:
+    """What greedy decoding writes after each prompt: up to the first newline (kept), at most
+    len(answer) + 1 characters.
 
-    A prediction is correct iff the generated text up to its first newline equals the answer
-    and a newline was generated (within len(answer) + 1 tokens). Prompts are batched by length,
-    so no padding is needed. ``model`` must already be on ``device``.
+    The prompts of a batch are decoded together, each on its own row from position 0 (or
+    left-padded with newlines to ``pad_to`` characters). Rows are right-padded and each row
+    reads its next token at its own position; causal attention never looks right, so every
+    row gets what decoding it alone would give. ``model`` must already be on ``device``.
     """
     if not examples:
-        raise ValueError("accuracy needs at least one example")
+        raise ValueError("greedy_answers needs at least one example")
     cfg = getattr(model, "cfg", None)
     if cfg is not None and cfg.pos_encoding == "learned":
-        longest = max(len(e.prompt) + len(e.answer) for e in examples)
+        longest = max((pad_to or len(e.prompt)) + len(e.answer) for e in examples)
         if longest > cfg.max_seq_len:
             raise UserError(
                 f"decoding needs {longest} positions but the learned position table has "
                 f"max_seq_len={cfg.max_seq_len}; use shorter test lengths or a larger max_seq_len"
             )
-    by_length: dict[int, list[Example]] = defaultdict(list)
-    for example in examples:
-        by_length[len(example.prompt)].append(example)
-
     was_training = model.training
     model.eval()
     try:
-        correct = 0
-        for group in by_length.values():
-            for start in range(0, len(group), batch_size):
-                batch = group[start : start + batch_size]
-                correct += _count_correct(model, batch, device)
+        written: list[str] = []
+        for start in range(0, len(examples), batch_size):
+            batch = examples[start : start + batch_size]
+            prompts = [e.prompt if pad_to is None else left_pad(e.prompt, pad_to) for e in batch]
+            written += _decode_batch(model, prompts, [len(e.answer) + 1 for e in batch], device)
     finally:
         model.train(was_training)
-    return correct / len(examples)
+    return written
 
 
-def _count_correct(model: nn.Module, batch: Sequence[Example], device: torch.device | str) -> int:
-    """Greedy-decode a batch of equal-length prompts; count the exact matches."""
-    seq = torch.tensor([encode(e.prompt) for e in batch], device=device)
-    prompt_len = seq.shape[1]
-    done = torch.zeros(len(batch), dtype=torch.bool, device=device)
-    for _ in range(max(len(e.answer) for e in batch) + 1):
-        next_id = model(seq)[:, -1].argmax(dim=-1)
-        seq = torch.cat([seq, next_id[:, None]], dim=1)
-        done |= next_id == 0  # VOCAB[0] is the newline
-        if done.all():
-            break
-    correct = 0
-    for example, row in zip(batch, seq[:, prompt_len:].cpu(), strict=True):
-        generated = decode(row)[: len(example.answer) + 1]
-        correct += generated == example.answer + "\n"
-    return correct
+def _decode_batch(
+    model: nn.Module, prompts: Sequence[str], budgets: Sequence[int], device: torch.device | str
+) -> list[str]:
+    """Greedy-decode prompts of any lengths at once, each for at most its budget of tokens."""
+    lengths = torch.tensor([len(p) for p in prompts])
+    budget = torch.tensor(budgets)
+    seq = torch.full((len(prompts), int((lengths + budget).max())), NEWLINE, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        seq[row, : len(prompt)] = torch.tensor(encode(prompt))
+    rows = torch.arange(len(prompts))
+    cursor = lengths.clone()  # where each row writes its next token
+    open_ = torch.ones(len(prompts), dtype=torch.bool)
+    while open_.any():
+        logits = model(seq[:, : int(cursor.max())].to(device))
+        next_id = logits[rows.to(device), (cursor - 1).to(device)].argmax(dim=-1).cpu()
+        seq[rows[open_], cursor[open_]] = next_id[open_]
+        cursor += open_
+        open_ &= (next_id != NEWLINE) & (cursor - lengths < budget)
+    return [decode(seq[row, lengths[row] : cursor[row]]) for row in range(len(prompts))]
+
+
+def accuracy(
+    model: nn.Module,
+    examples: Sequence[Example],
+    *,
+    pad_to: int | None = None,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+) -> float:
+    """Exact-match accuracy of greedy decoding (:func:`greedy_answers`): a prediction is right
+    iff it is the answer followed by a newline."""
+    written = greedy_answers(model, examples, pad_to=pad_to, batch_size=batch_size, device=device)
+    right = sum(w == e.answer + "\n" for w, e in zip(written, examples, strict=True))
+    return right / len(examples)

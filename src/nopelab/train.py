@@ -28,6 +28,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -288,11 +289,13 @@ def train(
     progress: bool = True,
     stop_after: int | None = None,
     tensorboard: bool = False,
+    label: str = "train",
 ) -> dict[str, Any] | None:
     """Train, checkpointing into ``out``; returns the summary (None when stopped early).
 
     ``stop_after`` ends the run after that many steps without finishing it, as an interruption
     would (used to test resuming). ``tensorboard`` mirrors the logs to ``out/tensorboard``.
+    ``label`` names the run in progress output (a bar on a terminal, else a line per evaluation).
     """
     cfg = run.train
     out = out.absolute()
@@ -341,7 +344,7 @@ def train(
     final_eval: dict[str, float] = {}
     with progress_bar(transient=False) as bar:
         task = bar.add_task(
-            "train", total=cfg.steps, completed=start, visible=progress and main_process
+            label, total=cfg.steps, completed=start, visible=progress and main_process
         )
         for step in range(start, end):
             tick = time.perf_counter()
@@ -368,7 +371,7 @@ def train(
                     "tokens_per_second": idx.numel() * world_size() / seconds,
                 }
             )
-            bar.update(task, advance=1, description=f"train loss {loss:.3f}")
+            bar.update(task, advance=1, description=f"{label} loss {loss:.3f}")
             final = done == cfg.steps
             if done % cfg.eval_every == 0 or final:
                 if main_process:
@@ -376,6 +379,13 @@ def train(
                     result = source.evaluate(model, cfg.seq_len, final, device, autocast)
                     model.train()
                     evals.add({"step": done, **result})
+                    if progress and not bar.console.is_terminal:  # a line per evaluation
+                        shown = ", ".join(f"{k} {v:.4g}" for k, v in result.items())
+                        print(
+                            f"{label} step {done}/{cfg.steps}: loss {loss:.4g}; held out: {shown}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     if final:
                         final_eval = result
                 _barrier()

@@ -24,6 +24,7 @@ class Part:
 
     settings: Callable[[str, int, str], Any]
     run: Callable[[Any, Path], None]
+    resumable: bool = False  # writes into --out as it goes; --resume continues it
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,8 @@ EXPERIMENTS = {
     "zuo2025": Experiment(
         {
             "random-init": Part(zuo2025.settings, zuo2025.run),
-            "trained": Part(zuo2025_trained.settings, zuo2025_trained.run),
-            "probes": Part(zuo2025_probes.settings, zuo2025_probes.run),
+            "trained": Part(zuo2025_trained.settings, zuo2025_trained.run, resumable=True),
+            "probes": Part(zuo2025_probes.settings, zuo2025_probes.run, resumable=True),
         },
         "random-init",
     ),

@@ -2,19 +2,27 @@
 
 :func:`lm_runs` builds the byte-level language models on the embedded corpus that the
 pretrained-LM parts compare (one per positional encoding, otherwise identical);
-:func:`train_into` trains one run into ``out/runs/NAME``; :func:`train_and_analyze` also
-analyses its initial and trained weights on the same held-out data.
+:func:`train_into` trains one run into ``out/runs/NAME`` (continuing an interrupted one, and
+reading a finished one's summary instead of training again); :func:`train_many` trains several,
+in parallel single-thread processes on the CPU; :func:`analyze_trained` analyses a trained
+run's initial and trained weights on the same held-out data.
 """
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from nopelab.analysis import analyze_model, build_model
 from nopelab.capture import CaptureResult
+from nopelab.checkpoint import STATE_FILE
 from nopelab.config import AnalysisConfig, CorpusConfig, ModelConfig, RunConfig, TrainConfig
 from nopelab.report import summary_rows, write_analysis
 from nopelab.train import TrainRun, load_trained, make_source, train
@@ -64,9 +72,40 @@ def perplexity_row(summary: dict[str, Any], **labels: Any) -> dict[str, Any]:
 
 
 def train_into(name: str, run: TrainRun, out: Path) -> tuple[Path, dict[str, Any]]:
-    """Train ``run`` into ``out/runs/NAME``; return that folder and the training summary."""
+    """Train ``run`` into ``out/runs/NAME``; return that folder and the training summary.
+
+    A folder that already holds the finished run is read, not retrained; one with a checkpoint
+    continues from it (a resumed run retraces the uninterrupted one exactly).
+    """
     folder = out / "runs" / name
-    return folder, train(run, folder)
+    if (folder / "summary.json").is_file():
+        return folder, json.loads((folder / "summary.json").read_text())
+    resume = (folder / STATE_FILE).is_file()
+    started = folder.is_dir() and any(folder.iterdir())  # stopped before its first checkpoint
+    summary = train(run, folder, resume=resume, force=started and not resume, label=name)
+    assert summary is not None
+    return folder, summary
+
+
+def _train_one_thread(name: str, run: TrainRun, out: Path) -> tuple[Path, dict[str, Any]]:
+    torch.set_num_threads(1)
+    return train_into(name, run, out)
+
+
+def train_many(
+    runs: dict[str, TrainRun], out: Path, workers: int
+) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """:func:`train_into` for every run, by name. With ``workers`` > 1 they train in that many
+    processes of one thread each (small models on a CPU train faster side by side than one
+    after another with all threads); the results do not depend on ``workers``' value > 1."""
+    if workers <= 1:
+        return {name: train_into(name, run, out) for name, run in runs.items()}
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = {
+            name: pool.submit(_train_one_thread, name, run, out) for name, run in runs.items()
+        }
+        return {name: future.result() for name, future in futures.items()}
 
 
 @dataclass
@@ -87,9 +126,16 @@ class Trained:
 
 
 def train_and_analyze(name: str, run: TrainRun, analysis: AnalysisConfig, out: Path) -> Trained:
-    """Train ``run`` into ``out/runs/NAME``; analyse its initial and trained weights on the
-    same held-out data, writing both analyses beside the checkpoint."""
+    """Train ``run`` into ``out/runs/NAME``, then :func:`analyze_trained` it."""
     folder, summary = train_into(name, run, out)
+    return analyze_trained(name, run, folder, summary, analysis)
+
+
+def analyze_trained(
+    name: str, run: TrainRun, folder: Path, summary: dict[str, Any], analysis: AnalysisConfig
+) -> Trained:
+    """Analyse a trained run's initial and trained weights on the same held-out data, writing
+    both analyses beside its checkpoint (replacing earlier ones)."""
     source = make_source(run, folder)
     results = {}
     for state in ("init", "trained"):
@@ -100,7 +146,7 @@ def train_and_analyze(name: str, run: TrainRun, analysis: AnalysisConfig, out: P
             else load_trained(folder)[1]
         )
         results[state] = analyze_model(model, analysis, f"{name} {state}", source=source)
-        (folder / f"analysis-{state}").mkdir()
+        (folder / f"analysis-{state}").mkdir(exist_ok=True)
         write_analysis(
             folder / f"analysis-{state}",
             RunConfig(run.model, analysis),

@@ -1,13 +1,13 @@
 """Zuo et al. 2025, probes: does variance or cosine similarity carry position better?
 
 Following Zuo et al., MLP probes (d → 64 → ReLU → 1, MSE) read position from the attention
-output (heads concatenated, after the projection, before the residual add) of a causal NoPE
-model, each probe seeing one feature set: the raw vector, its norm, its variance over
+heads of a causal NoPE model, at their site (``attn_heads``: heads concatenated, before the
+output projection) and after the projection (``attn_out``), each probe seeing one feature set: the raw vector, its norm, its variance over
 coordinates (Chi et al.'s signal), its cosine similarity to the last token, its sorted cosine
 row (Zuo et al.'s signal), and norm + cosine-to-last together. Targets: absolute position and
 distance to the last token. Inputs are sequences of uniformly random digits: the probes train
 on sequences drawn from one half of the ten digits and are tested on sequences from the other
-half (Zuo et al. train on 5-8 and test on 1-4). Digits, because a task model has only learned
+half (Zuo et al. train on 5-8 and test on 1-4), of Zuo et al.'s length 16. Digits, because a task model has only learned
 embeddings for the characters its task uses; most of the 96-character vocabulary never occurs
 in training, and such tokens all collapse to nearly the same vector. Probed models: the random-init model and the NoPE
 model trained on each task (``add``, ``reverse``, ``order``, ``wherex``; the same training
@@ -26,7 +26,7 @@ from nopelab import plots, signals, tasks
 from nopelab.analysis import build_model, resolve_device
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.experiments import zuo2025_trained
-from nopelab.experiments.trained import train_into
+from nopelab.experiments.trained import train_many
 from nopelab.model import Transformer
 from nopelab.probing import probe_model, vocab_halves
 from nopelab.report import markdown_table
@@ -35,11 +35,13 @@ from nopelab.train import TrainRun, load_trained
 
 FEATURES = ("raw", "norm", "variance", "cos_last", "cos_row", "norm+cos_last")
 TARGETS = ("position", "distance")
-SITE = "attn_out"
+SITES = ("attn_heads", "attn_out")
+SEQ_LEN = 16  # Zuo et al.'s probe sequences
 RANDOM = "random-init"
 PROBE_SCALES = {  # probe inputs per model and target: sequences of uniformly random digits
     "smoke": dict(samples=40, epochs=8),
     "small": dict(samples=64, epochs=20),
+    "medium": dict(samples=256, epochs=20),
     "paper": dict(samples=256, epochs=20),
 }
 
@@ -48,6 +50,7 @@ PROBE_SCALES = {  # probe inputs per model and target: sequences of uniformly ra
 class Settings:
     runs: dict[str, TrainRun]  # task -> NoPE training run
     analysis: AnalysisConfig
+    workers: int  # parallel training processes
     probes: dict[str, ProbeConfig]  # target -> probe settings
 
 
@@ -57,11 +60,11 @@ def settings(scale: str, seed: int, device: str) -> Settings:
     runs = {task: run for (task, pe), run in trained.runs.items() if pe == "none"}
     p = PROBE_SCALES[scale]
     analysis = AnalysisConfig(
-        seq_len=trained.analysis.seq_len,
+        seq_len=SEQ_LEN,
         samples=p["samples"],
         batch_size=min(p["samples"], 32),
         input="tokens",
-        sites=(SITE,),
+        sites=SITES,
         seed=seed,
         device=device,
     )
@@ -78,7 +81,7 @@ def settings(scale: str, seed: int, device: str) -> Settings:
         )
         for target in TARGETS
     }
-    return Settings(runs, analysis, probes)
+    return Settings(runs, analysis, trained.workers, probes)
 
 
 def restrict_vocab(model: Transformer, ids: list[int]) -> Transformer:
@@ -121,7 +124,7 @@ def verdict_table(probes: pd.DataFrame) -> pd.DataFrame:
         if rows:
             frames.append(signals.verdict(rows).assign(target=target))
     table = pd.concat(frames, ignore_index=True)
-    first = ["target", "model", "layer"]
+    first = ["target", "model", "site", "layer"]
     return table[first + [c for c in table.columns if c not in (*first, "state", "site")]]
 
 
@@ -130,7 +133,7 @@ def _cell(mae: float, std: float, r: float) -> str:
 
 
 def probe_table(probes: pd.DataFrame, target: str) -> pd.DataFrame:
-    """Rows (model, features), columns per layer: MAE ± std (Pearson r), and the baseline."""
+    """Rows (model, site, features), columns per layer: MAE ± std (Pearson r), the baseline."""
     rows = probes[probes["target"] == target]
     cells = rows.assign(
         cell=[
@@ -138,13 +141,14 @@ def probe_table(probes: pd.DataFrame, target: str) -> pd.DataFrame:
         ]
     )
     models = list(dict.fromkeys(rows["model"]))
+    index = ["model", "site", "features"]
     table = (
-        cells.pivot(index=["model", "features"], columns="layer", values="cell")
-        .reindex(pd.MultiIndex.from_product([models, FEATURES]))
-        .rename_axis(["model", "features"])
+        cells.pivot(index=index, columns="layer", values="cell")
+        .reindex(pd.MultiIndex.from_product([models, SITES, FEATURES]))
+        .rename_axis(index)
     )
     table.columns = [f"L{c}" for c in table.columns]
-    table["baseline"] = rows.groupby(["model", "features"])["baseline"].mean().round(2)
+    table["baseline"] = rows.groupby(index)["baseline"].mean().round(2)
     return table.reset_index()
 
 
@@ -154,11 +158,12 @@ def _readable_verdict(table: pd.DataFrame) -> pd.DataFrame:
         return f"{row['winner']}{mark}"
 
     frame = table.assign(cell=table.apply(entry, axis=1))
-    out = frame.pivot(index=["target", "model"], columns="layer", values="cell")
+    out = frame.pivot(index=["target", "model", "site"], columns="layer", values="cell")
     out.columns = [f"L{c}" for c in out.columns]
+    models = list(dict.fromkeys(table["model"]))
     return (
-        out.reindex(pd.MultiIndex.from_product([TARGETS, list(dict.fromkeys(table["model"]))]))
-        .rename_axis(["target", "model"])
+        out.reindex(pd.MultiIndex.from_product([TARGETS, models, SITES]))
+        .rename_axis(["target", "model", "site"])
         .reset_index()
     )
 
@@ -184,11 +189,12 @@ def verdict_text(table: pd.DataFrame) -> str:
         + ", ".join(parts)
         + "."
     ]
-    for model, group in table[table["target"] == "position"].groupby("model", sort=False):
+    position = table[table["target"] == "position"]
+    for (model, site), group in position.groupby(["model", "site"], sort=False):
         wins = [
             f"L{row.layer} {row.winner}{'' if row.decisive else '?'}" for row in group.itertuples()
         ]
-        lines.append(f"- {model} (position): " + ", ".join(wins))
+        lines.append(f"- {model} at {site} (position): " + ", ".join(wins))
     similarity = counts["similarity"]["decisive"]
     variance_like = counts["variance"]["decisive"] + counts["norm"]["decisive"]
     if similarity > 2 * variance_like:
@@ -221,8 +227,11 @@ def run(settings: Settings, out: Path) -> None:
     # every task's model starts from the same weights (same config, same seed)
     rows = _probe(build_model(first.model, first.train.seed), settings, RANDOM, "init")
     accuracy = []
-    for task, train_run in settings.runs.items():
-        folder, summary = train_into(f"{task}-none", train_run, out)
+    names = {task: f"{task}-none" for task in settings.runs}
+    runs = {names[task]: run for task, run in settings.runs.items()}
+    trained = train_many(runs, out, settings.workers)
+    for task in settings.runs:
+        folder, summary = trained[names[task]]
         accuracy.append({"task": task, "accuracy": summary["final_eval"]["accuracy"]})
         rows += _probe(load_trained(folder)[1], settings, task, "trained")
 
@@ -240,11 +249,11 @@ def run(settings: Settings, out: Path) -> None:
         },
     )
     plots.probe_errors(
-        probes.assign(panel=probes["model"] + ", " + probes["target"]),
+        probes.assign(panel=probes["model"] + ", " + probes["site"] + ", " + probes["target"]),
         out / "probes.png",
         panel="panel",
         line="features",
-        title=f"Zuo et al. 2025: position probes at {SITE} (held-out tokens)",
+        title="Zuo et al. 2025: position probes at attn_heads and attn_out (held-out tokens)",
     )
     m, t, a = first.model, first.train, settings.analysis
     p = settings.probes["position"]
@@ -257,11 +266,11 @@ def run(settings: Settings, out: Path) -> None:
     (out / "summary.md").write_text(
         f"""# Zuo et al. 2025 — variance or similarity: which carries position?
 
-Probes at `{SITE}` (attention output, heads concatenated, before the residual add) of causal
-NoPE models: pre-LN, d = {m.d_model}, {m.n_heads} heads, {m.n_layers} layers, no biases, tied
+Probes at `attn_heads` (the heads' outputs concatenated, before the output projection: Zuo
+et al.'s site) and `attn_out` (after the projection) of causal NoPE models: pre-LN, d = {m.d_model}, {m.n_heads} heads, {m.n_layers} layers, no biases, tied
 embeddings; `{RANDOM}` is the model at its normal(0.02) initialisation (the starting point of
-every task model), the others are trained for {t.steps} steps on one task each (as in
-`zuo2025 --part trained`; seed {t.seed}).
+every task model), the others are trained on one task each, exactly as in
+`zuo2025 --part trained` at the same scale (seed {t.seed}).
 
 Probe: MLP d → {p.hidden} → ReLU → 1, MSE, AdamW lr {p.lr:g}, batch {p.batch_size}, {p.epochs}
 epochs, on {a.samples} sequences of {a.seq_len} uniformly random digits; sequences for training
@@ -297,7 +306,7 @@ targets hold the same information and differ only by probe-training noise.
 
 {markdown_table(probe_table(probes, "distance"))}
 
-Figure: `probes.png` (MAE per layer, a line per feature set, a panel per model and target,
+Figure: `probes.png` (MAE per layer, a line per feature set, a panel per model, site and target,
 baseline dashed). Tables: `probes.parquet` (every fit: MAE, r, baseline, seed stds),
 `verdict.parquet` (per target, model and layer: each signal's best MAE, winner, decisive),
 `summary.json`; the trained runs under `runs/TASK-none/`.

@@ -1,168 +1,267 @@
-"""Zuo et al. 2025, trained: does the adjacency pattern survive (or appear with) training?
+"""Zuo et al. 2025, trained: is the adjacency pattern there in models that solve their tasks?
 
-NoPE, learned-PE and RoPE models are trained on ``add``, ``reverse``, ``order`` and ``wherex``
+NoPE, learned-PE and RoPE models are trained on ``add``, ``reverse``, ``order`` and ``wherex`` in
+Zuo et al.'s formats (``$50+148=891$``, ``rev(...)=``, ``order(...,...)=``, ``wherex(...,x)=``)
 with the nanoGPT recipe (AdamW, weight decay 0.1, beta2 0.99, clip 1.0, warm-up then cosine
-decay). Each model is analysed at init and after training on the same held-out task lines:
-test accuracy, cosine heatmaps and adjacency scores per layer.
+decay), the same budget for every encoding. Each model is analysed at init and after training
+with Zuo et al.'s protocol: test prompts, one per sequence, left-padded with newlines to the
+task's longest prompt, at ``attn_heads`` (the heads' outputs before the output projection, their
+hook point), ``attn_out`` and ``resid_post``.
+
+Scales (``SCALES``): ``paper`` is Zuo et al.'s recipe (6 x 6 x 384, dropout 0.2, windows of
+256 characters with the loss on every character, batch 256, 5000 steps); ``medium`` keeps their
+task lengths with the CPU recipe; ``small`` shortens the instances (in the same formats) so
+that the whole part fits in 45 minutes on two cores; ``smoke`` checks the plumbing. The CPU
+recipe trains one left-padded line per row with the loss on the answer: that is what lets a
+NoPE model master the tasks on a CPU (see the README's recipe search).
+
+Models train in parallel processes of one thread each (two by default on the CPU); a run
+directory that already holds finished models is continued, not retrained.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from nopelab import plots
 from nopelab.analysis import resolve_device
 from nopelab.config import AnalysisConfig, ModelConfig, TrainConfig
-from nopelab.experiments.trained import train_and_analyze
+from nopelab.experiments.trained import analyze_trained, train_many
 from nopelab.report import markdown_table
 from nopelab.rundir import write_json
-from nopelab.tasks import TaskConfig
+from nopelab.tasks import TaskConfig, max_line_len, max_prompt_len
 from nopelab.train import TrainRun
 
 TASKS = ("add", "reverse", "order", "wherex")
 POS_ENCODINGS = ("none", "learned", "rope")
-SITES = ("attn_out", "resid_post")
+SITES = ("attn_heads", "attn_out", "resid_post")
+ZUO_LENGTHS = {"add": 3, "reverse": 16, "order": 5, "wherex": 9}  # max_len of Zuo's data
+
+
+@dataclass(frozen=True)
+class Scale:
+    """One scale's settings: task lengths and training budget per task, model, recipe."""
+
+    lengths: dict[str, int]  # max_len per task (Zuo's format: most instances this long)
+    steps: dict[str, int]  # training steps per task
+    model: dict[str, Any]  # ModelConfig fields
+    train: dict[str, Any]  # TrainConfig fields (seq_len: the line length when not given)
+    train_size: dict[str, int]  # training lines per task
+    test_size: int
+    layout: str = "padded"
+    loss_mode: str = "answer"
+    samples: int = 256  # analysed prompts per model
+    workers: int = 2  # parallel single-thread training processes (CPU)
+    notes: list[str] = field(default_factory=list)
+
+
+CPU_RECIPE = dict(batch_size=128, lr=1e-3, warmup=100)
 SCALES = {
-    "smoke": dict(
+    "smoke": Scale(
+        lengths={"add": 1, "reverse": 3, "order": 3, "wherex": 3},
+        steps=dict.fromkeys(TASKS, 20),
         model=dict(d_model=32, n_layers=2, n_heads=2),
-        train=dict(steps=20, batch_size=16, seq_len=48, lr=3e-3, warmup=2),
-        task=dict(train_size=2000, test_size=64),
-        samples=8,
+        train=dict(batch_size=16, lr=3e-3, warmup=2),
+        train_size={"add": 60, "reverse": 300, "order": 300, "wherex": 300},
+        test_size=32,
+        samples=16,
     ),
-    "small": dict(
+    "small": Scale(
+        lengths={"add": 2, "reverse": 6, "order": 3, "wherex": 6},
+        steps={"add": 3000, "reverse": 3000, "order": 3000, "wherex": 3000},
         model=dict(d_model=128, n_layers=4, n_heads=4),
-        train=dict(steps=600, batch_size=64, seq_len=64, lr=3e-3, warmup=60),
-        task=dict(train_size=10_000, test_size=500),
-        samples=64,
+        train=CPU_RECIPE,
+        train_size={"add": 4000, "reverse": 10_000, "order": 10_000, "wherex": 10_000},
+        test_size=500,
     ),
-    "paper": dict(  # Zuo's setting: 6 x 6 x 384, context 256, batch 256, 5000 iterations
-        model=dict(d_model=384, n_layers=6, n_heads=6, dropout=0.2),
-        train=dict(steps=5000, batch_size=256, seq_len=256, lr=2.6e-4, warmup=400),
-        task=dict(train_size=10_000, test_size=1000),
-        samples=512,
+    "medium": Scale(
+        lengths=ZUO_LENGTHS,
+        steps={"add": 6000, "reverse": 6000, "order": 6000, "wherex": 6000},
+        model=dict(d_model=128, n_layers=4, n_heads=4),
+        train=CPU_RECIPE,
+        train_size=dict.fromkeys(TASKS, 10_000),
+        test_size=1000,
+    ),
+    "paper": Scale(  # Zuo's add3 recipe: 6 x 6 x 384, context 256, batch 256, 5000 iterations
+        lengths=ZUO_LENGTHS,
+        steps=dict.fromkeys(TASKS, 5000),
+        model=dict(d_model=384, n_layers=6, n_heads=6, dropout=0.2, init="gpt2"),
+        train=dict(batch_size=256, seq_len=256, lr=2.6441e-4, warmup=400),
+        train_size=dict.fromkeys(TASKS, 10_000),
+        test_size=1000,
+        layout="windows",
+        loss_mode="all",
+        workers=1,
     ),
 }
 
 
 @dataclass(frozen=True)
 class Settings:
+    scale: Scale
     runs: dict[tuple[str, str], TrainRun]  # (task, pos_encoding) -> run
-    analysis: AnalysisConfig
+    analyses: dict[str, AnalysisConfig]  # task -> Zuo's protocol at that task's prompt length
+    workers: int
 
 
-def settings(scale: str, seed: int, device: str) -> Settings:
-    s = SCALES[scale]
-    resolve_device(device)
-    seq_len = s["train"]["seq_len"]
-    train_cfg = TrainConfig(
-        **s["train"],
-        eval_every=s["train"]["steps"],
-        checkpoint_every=s["train"]["steps"],
-        seed=seed,
-        device=device,
+def task_config(scale: Scale, task: str) -> TaskConfig:
+    return TaskConfig(
+        name=task,
+        max_len=scale.lengths[task],
+        train_size=scale.train_size[task],
+        test_size=scale.test_size,
+        layout=scale.layout,
+        loss_mode=scale.loss_mode,
     )
-    runs = {
-        (task, pe): TrainRun(
-            model=ModelConfig(**s["model"], max_seq_len=seq_len, pos_encoding=pe),
-            train=train_cfg,
-            task=TaskConfig(name=task, **s["task"]),
+
+
+def settings(scale_name: str, seed: int, device: str) -> Settings:
+    scale = SCALES[scale_name]
+    on_cpu = resolve_device(device).type == "cpu"
+    runs, analyses = {}, {}
+    for task in TASKS:
+        task_cfg = task_config(scale, task)
+        seq_len = scale.train.get("seq_len", max_line_len(task_cfg))
+        steps = scale.steps[task]
+        train_cfg = TrainConfig(
+            **{**scale.train, "seq_len": seq_len},
+            steps=steps,
+            eval_every=max(1, steps // 10),
+            checkpoint_every=max(1, steps // 10),
+            seed=seed,
+            device=device,
         )
-        for task in TASKS
-        for pe in POS_ENCODINGS
-    }
-    analysis = AnalysisConfig(
-        seq_len=seq_len,
-        samples=s["samples"],
-        batch_size=min(s["samples"], 32),
-        input="data",
-        sites=SITES,
-        seed=seed,
-        device=device,
-    )
-    return Settings(runs, analysis)
+        for pe in POS_ENCODINGS:
+            runs[task, pe] = TrainRun(
+                model=ModelConfig(**scale.model, max_seq_len=seq_len, pos_encoding=pe),
+                train=train_cfg,
+                task=task_cfg,
+            )
+        prompt_len = max_prompt_len(task_cfg)
+        analyses[task] = AnalysisConfig(
+            seq_len=prompt_len,
+            samples=scale.samples,
+            batch_size=min(scale.samples, 64),
+            input="prompts",
+            sites=SITES,
+            seed=seed,
+            device=device,
+        )
+    return Settings(scale, runs, analyses, scale.workers if on_cpu else 1)
 
 
 def run(settings: Settings, out: Path) -> None:
+    names = {key: f"{key[0]}-{key[1]}" for key in settings.runs}
+    trained = train_many({names[k]: r for k, r in settings.runs.items()}, out, settings.workers)
     rows, accuracy, heatmaps = [], [], {}
     for (task, pe), train_run in settings.runs.items():
-        result = train_and_analyze(f"{task}-{pe}", train_run, settings.analysis, out)
+        folder, summary = trained[names[task, pe]]
+        result = analyze_trained(
+            names[task, pe], train_run, folder, summary, settings.analyses[task]
+        )
         rows += result.rows(task=task, pos_encoding=pe)
         accuracy.append(
             {
                 "task": task,
+                "max_len": train_run.task.max_len,
                 "pos_encoding": pe,
-                "accuracy": result.summary["final_eval"]["accuracy"],
-                "tokens_per_second": result.summary["tokens_per_second"],
+                "accuracy": summary["final_eval"]["accuracy"],
+                "steps": train_run.train.steps,
+                "train_seconds": summary["train_seconds"],
+                "tokens_per_second": summary["tokens_per_second"],
             }
         )
         if pe == "none":
             for state, capture in (("init", result.init), ("trained", result.trained)):
                 for (site, layer), stats in capture.sites.items():
-                    if site == "attn_out":
+                    if site == "attn_heads":
                         heatmaps[f"{task} {state} L{layer}"] = stats.cosine
-
     scores = pd.DataFrame(rows)
     scores.to_parquet(out / "scores.parquet", index=False)
     accuracy_table = pd.DataFrame(accuracy)
     accuracy_table.to_parquet(out / "accuracy.parquet", index=False)
     write_json(out / "summary.json", {"accuracy": accuracy, "rows": rows})
-    attn = scores[scores["site"] == "attn_out"]
     first = next(iter(settings.runs.values()))
     plots.cosine_heatmaps(
         heatmaps,
         out / "heatmaps.png",
         ncols=first.model.n_layers,
-        title="NoPE attn_out cosine similarity, init and trained, per task and layer",
+        title="NoPE attn_heads cosine similarity (test prompts), init and trained",
     )
-    plots.trained_scores(attn, out / "scores.png")
+    for site in ("attn_heads", "attn_out"):
+        plots.trained_scores(scores[scores["site"] == site], out / f"scores-{site}.png")
+    (out / "summary.md").write_text(summary_text(settings, accuracy_table, scores))
 
-    def cell(frame: pd.DataFrame) -> pd.Series:
-        return pd.Series(
-            [
-                f"{m:.3f} ± {s:.3f}"
-                for m, s in zip(frame["adjacency_mean"], frame["adjacency_std"], strict=True)
-            ],
-            index=frame.index,
-        )
 
+def _score_table(scores: pd.DataFrame, site: str) -> pd.DataFrame:
+    """Rows (task, encoding, state), columns per layer: adjacency mean ± std at ``site``."""
+    frame = scores[scores["site"] == site]
+    frame = frame.assign(
+        score=[
+            f"{m:.3f} ± {s:.3f}"
+            for m, s in zip(frame["adjacency_mean"], frame["adjacency_std"], strict=True)
+        ]
+    )
     order = pd.MultiIndex.from_product([TASKS, POS_ENCODINGS, ("init", "trained")])
     table = (
-        attn.assign(score=cell(attn))
-        .pivot(index=["task", "pos_encoding", "state"], columns="layer", values="score")
-        .reindex(
-            order.intersection(attn.set_index(["task", "pos_encoding", "state"]).index, sort=False)
-        )
+        frame.pivot(index=["task", "pos_encoding", "state"], columns="layer", values="score")
+        .reindex(order)
         .rename_axis(["task", "pos_encoding", "state"])
         .reset_index()
     )
     table.columns = [f"L{c}" if isinstance(c, int) else c for c in table.columns]
-    acc = accuracy_table.pivot(index="task", columns="pos_encoding", values="accuracy")
-    acc = acc.reindex(index=list(TASKS), columns=list(POS_ENCODINGS)).reset_index()
-    m, t, a = first.model, first.train, settings.analysis
-    (out / "summary.md").write_text(
-        f"""# Zuo et al. 2025 — the adjacency pattern in trained models
+    return table
 
-Model: pre-LN, d = {m.d_model}, {m.n_heads} heads, {m.n_layers} layers, no biases, tied
-embeddings, dropout {m.dropout}. Training: {t.steps} steps, batch {t.batch_size} packed sequences of
-{t.seq_len} characters, AdamW lr {t.lr:g} (warm-up {t.warmup}, cosine decay), loss on answer tokens
-only; seed {t.seed}. Analysis: {a.samples} held-out sequences of packed test lines.
 
-## Test accuracy (exact match, greedy decoding)
+def summary_text(settings: Settings, accuracy: pd.DataFrame, scores: pd.DataFrame) -> str:
+    first = next(iter(settings.runs.values()))
+    m, t, task_cfg = first.model, first.train, first.task
+    acc = accuracy.pivot(index="task", columns="pos_encoding", values="accuracy")
+    acc = acc.reindex(index=list(TASKS), columns=list(POS_ENCODINGS))
+    acc.insert(0, "max_len", [settings.scale.lengths[task] for task in TASKS])
+    acc.insert(1, "steps", [settings.scale.steps[task] for task in TASKS])
+    nope = scores[(scores["pos_encoding"] == "none") & (scores["site"] == "attn_heads")]
+    trained = nope[nope["state"] == "trained"].groupby("task")["adjacency_mean"].max()
+    pattern = ", ".join(f"{task} {trained[task]:.3f}" for task in TASKS if task in trained)
+    layout = {
+        "padded": "one line per row, its prompt left-padded with newlines to the longest prompt",
+        "packed": "lines packed end to end from a line start",
+        "windows": "random windows of the shuffled, concatenated lines (Zuo et al.)",
+    }[task_cfg.layout]
+    return f"""# Zuo et al. 2025 — the adjacency pattern in trained models
 
-{markdown_table(acc, ".3f")}
+Tasks in Zuo et al.'s formats; `max_len` is each task's longest operand (most instances have
+it: numbers are uniform below 10^max_len). Model: pre-LN, d = {m.d_model}, {m.n_heads} heads,
+{m.n_layers} layers, no biases, tied embeddings, dropout {m.dropout}, init {m.init}.
+Training: batch {t.batch_size}, {layout}; loss on {"the answers" if task_cfg.loss_mode == "answer" else "every character"};
+AdamW lr {t.lr:g} (warm-up {t.warmup}, cosine decay to lr/10), weight decay {t.weight_decay},
+clip {t.grad_clip}; the same budget for every encoding; seed {t.seed}.
+Analysis (Zuo et al.'s protocol): {settings.analyses["add"].samples} test prompts per model,
+one per sequence, left-padded with newlines to the task's longest prompt; init and trained
+weights see the same prompts.
 
-## Adjacency score of `attn_out` per layer, at init and after training
+## Test accuracy (exact match, greedy decoding, all test lines)
 
-Mean ± std over samples; 0.5 = chance, 1 = perfect. Both states see the same held-out lines.
+{markdown_table(acc.reset_index(), ".3f")}
 
-{markdown_table(table)}
+## Adjacency score at `attn_heads` per layer (heads before the output projection)
 
-Figures: `heatmaps.png` (NoPE, init and trained, every task and layer), `scores.png` (adjacency
-per layer, init dashed and trained solid, per task and encoding). Tables: `accuracy.parquet`,
-`scores.parquet` (also `resid_post` and the norm score), `summary.json`; every trained run, with its
-metrics, checkpoint and both analyses, under `runs/TASK-ENCODING/`.
+Mean ± std over prompts; 0.5 = chance, 1 = perfect. Highest layer score of each trained NoPE
+model: {pattern}.
+
+{markdown_table(_score_table(scores, "attn_heads"))}
+
+## Adjacency score at `attn_out` per layer (after the output projection)
+
+{markdown_table(_score_table(scores, "attn_out"))}
+
+Figures: `heatmaps.png` (NoPE `attn_heads`, init and trained, every task and layer),
+`scores-attn_heads.png`, `scores-attn_out.png` (adjacency per layer, init dashed, trained solid).
+Tables: `accuracy.parquet`, `scores.parquet` (every site, also `resid_post`, and both norm
+scores), `summary.json`; every trained run, with its metrics, learning curves
+(`training.png`), checkpoint and both analyses, under `runs/TASK-ENCODING/`.
 """
-    )

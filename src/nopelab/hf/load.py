@@ -4,8 +4,9 @@
 ``.gguf`` file, which transformers dequantises to float32 (it needs the ``gguf`` package). Every
 check that can fail for a user's reason runs before the weights are read and ends in a one-line
 :class:`~nopelab.errors.ConfigError`: a missing path, a folder that is not a model, remote code
-without ``--trust-remote-code``, an architecture without a site mapping, a model that would not
-fit in the memory available, a GGUF file transformers cannot read.
+without ``--trust-remote-code``, an architecture without a site mapping (or without the
+requested ``attn_heads``), a model that would not fit in the memory available, a GGUF file
+transformers cannot read.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch import Tensor
 from nopelab.config import AnalysisConfig
 from nopelab.corpus import TokenStream, default_corpus, load_text
 from nopelab.errors import ConfigError
-from nopelab.hf.sites import HFModel, architecture, check_max_layers
+from nopelab.hf.sites import HFModel, architecture, check_max_layers, check_sites
 
 FIELD = "model"
 TAIL = 0.05  # share of the default corpus that nopelab's own LMs never train on
@@ -230,6 +231,7 @@ def load_run(
         )
 
     def check(config: Any, tokenizer: Any) -> None:
+        check_sites(config.model_type, analysis.sites)
         limit = getattr(config, "max_position_embeddings", None) or getattr(
             config, "n_positions", None
         )

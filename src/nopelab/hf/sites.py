@@ -5,6 +5,9 @@
 forward hooks on the decoder layers, never through ``output_hidden_states``:
 
 * ``embed`` (layer 0): the input of the first decoder layer;
+* ``attn_heads``: the attention heads' outputs concatenated, read as the input of the attention
+  output projection (``o_proj``; GPT-2's ``c_proj``, a Conv1D): (B, T, heads × head_dim), which
+  is usually ``d_model`` but not always (Qwen3-0.6B: 2048 against 1024);
 * ``attn_out``: the self-attention module's output (after the output projection, before the
   residual add);
 * ``resid_mid``: the layer's input plus ``attn_out``. In sequential blocks this is the stream the
@@ -22,7 +25,7 @@ from operator import attrgetter
 import torch
 from torch import Tensor, nn
 
-from nopelab.config import BLOCK_SITES, SITES
+from nopelab.config import BLOCK_SITES, DEFAULT_SITES, SITES
 from nopelab.errors import ConfigError
 
 SiteKey = tuple[str, int]
@@ -35,20 +38,21 @@ class Architecture:
     layers: str  # dotted path from the causal LM to its list of decoder layers
     attn: str  # the self-attention module of a layer; returns (output, weights)
     mlp: str  # the feed-forward module of a layer
+    heads: str | None  # the attention output projection, whose input is attn_heads; None: none
     rope: bool = True  # attention receives ``position_embeddings`` (rotary) from the model
     parallel: bool = False  # attention and MLP read the same normed input (resid_mid not formed)
 
 
-_LLAMA_LIKE = Architecture("model.layers", "self_attn", "mlp")
+_LLAMA_LIKE = Architecture("model.layers", "self_attn", "mlp", "self_attn.o_proj")
 ARCHITECTURES: dict[str, Architecture] = {
-    "gpt2": Architecture("transformer.h", "attn", "mlp", rope=False),
+    "gpt2": Architecture("transformer.h", "attn", "mlp", "attn.c_proj", rope=False),
     "llama": _LLAMA_LIKE,
     "mistral": _LLAMA_LIKE,
     "qwen2": _LLAMA_LIKE,
     "qwen3": _LLAMA_LIKE,
     "smollm3": _LLAMA_LIKE,
-    "llama4_text": Architecture("model.layers", "self_attn", "feed_forward"),
-    "cohere2": Architecture("model.layers", "self_attn", "mlp", parallel=True),
+    "llama4_text": Architecture("model.layers", "self_attn", "feed_forward", "self_attn.o_proj"),
+    "cohere2": Architecture("model.layers", "self_attn", "mlp", "self_attn.o_proj", parallel=True),
 }
 
 
@@ -60,6 +64,17 @@ def architecture(model_type: str) -> Architecture:
             f"architecture {model_type!r} has no site mapping; supported: {', '.join(ARCHITECTURES)}",
         )
     return ARCHITECTURES[model_type]
+
+
+def check_sites(model_type: str, sites: Iterable[str]) -> None:
+    """A ConfigError if ``sites`` asks for ``attn_heads`` of a model with no output projection."""
+    if "attn_heads" in sites and architecture(model_type).heads is None:
+        allowed = ", ".join(site for site in SITES if site != "attn_heads")
+        raise ConfigError(
+            "sites",
+            f"attn_heads needs an attention output projection, which {model_type!r} lacks; "
+            f"allowed: {allowed}",
+        )
 
 
 def check_max_layers(max_layers: int | None) -> None:
@@ -139,8 +154,10 @@ class HFModel(nn.Module):
                 stop.remove()
         return out.logits
 
-    def site_keys(self, sites: Iterable[str] = SITES) -> list[SiteKey]:
+    def site_keys(self, sites: Iterable[str] = DEFAULT_SITES) -> list[SiteKey]:
         """(site, layer) for every requested site over the analysed layers, in model order."""
+        sites = list(sites)
+        check_sites(self.cfg.model_type, sites)
         keys = []
         for site in sites:
             if site not in SITES:
@@ -156,6 +173,7 @@ class HFModel(nn.Module):
     ) -> list[torch.utils.hooks.RemovableHandle]:
         """Hook ``keys`` so that every forward pass calls ``fn(key, activation)`` with (B, T, d)."""
         wanted = set(keys)
+        check_sites(self.cfg.model_type, {site for site, _ in wanted})
         handles = []
         for layer in range(1, self.cfg.n_layers + 1):
             sites = {site for site in BLOCK_SITES if (site, layer) in wanted}
@@ -174,6 +192,9 @@ class HFModel(nn.Module):
             if "embed" in sites:
                 fn(("embed", 0), stream["input"])
 
+        def heads(module, args) -> None:
+            fn(("attn_heads", layer), args[0])
+
         def attention(module, args, output) -> None:
             out = _tensor(output)
             if "attn_out" in sites:
@@ -188,6 +209,8 @@ class HFModel(nn.Module):
             fn(("resid_post", layer), _tensor(output))
 
         handles = [block.register_forward_pre_hook(layer_input, with_kwargs=True)]
+        if "attn_heads" in sites:
+            handles.append(attrgetter(self.arch.heads)(block).register_forward_pre_hook(heads))
         if sites & {"attn_out", "resid_mid"}:
             handles.append(attrgetter(self.arch.attn)(block).register_forward_hook(attention))
         if "mlp_out" in sites:
