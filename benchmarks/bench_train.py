@@ -14,7 +14,11 @@ After ``--warmup`` untimed steps, ``--steps`` steps are timed one by one; the ta
 median step time (and the MFU of the best step, as a measure of what the machine can do when
 nothing else runs on it). The rows labelled ``nopelab.train`` time the same model and batch
 sizes through the real trainer (packed ``add`` lines, loss on answer tokens, logging), from
-the per-step times in its ``metrics.csv``; ``--no-trainer`` skips them.
+the per-step times in its ``metrics.csv``; ``--no-trainer`` skips them. The last table times
+the smaller task model of ``reproduce zuo2025 --part trained`` (d = 128, 4 layers) through the
+trainer on 2-digit ``add``, in the padded layout of its CPU recipe and in packed rows of 64
+characters, with all threads and with one (the experiment trains two one-thread models side
+by side): tokens/s and task lines/s.
 
 Peak: best-of-``--repeats`` GFLOP/s of fp32 ``torch.mm`` on square matrices (1024, 2048) and on
 the model's own training shapes (B*T = 2048 rows against the qkv, MLP and LM-head weights), all
@@ -60,6 +64,7 @@ several-fold, far more than its share of the CPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -76,7 +81,7 @@ from torch import nn
 
 from nopelab.config import ModelConfig, TrainConfig
 from nopelab.model import Transformer
-from nopelab.tasks import TaskConfig
+from nopelab.tasks import TaskConfig, make_splits
 from nopelab.train import TrainRun, train
 from timing import best_of
 
@@ -305,6 +310,45 @@ def time_trainer(
     return Timing(batch, statistics.median(times), min(times), others)
 
 
+TASK_MODEL = ModelConfig(d_model=128, n_layers=4, n_heads=4)  # zuo2025 trained, small/medium
+
+
+def time_task_model(
+    layout: str, batch: int, steps: int, warmup: int, threads: int
+) -> tuple[Timing, float]:
+    """The zuo2025 ``trained`` task model (NoPE, d = 128, 4 layers) through ``nopelab.train``
+    on Zuo-format 2-digit ``add``: ``padded`` lines (the CPU recipe, rows of one line) or
+    ``packed`` rows of 64 characters (the recipe before it), with ``threads`` torch threads.
+    Returns the timing and the task lines per row."""
+    task = TaskConfig(name="add", max_len=2, train_size=2000, test_size=20, layout=layout)
+    seq_len = 12 if layout == "padded" else 64  # the longest line, or 64 characters
+    run = TrainRun(
+        model=dataclasses.replace(TASK_MODEL, max_seq_len=seq_len),
+        train=TrainConfig(
+            steps=warmup + steps,
+            batch_size=batch,
+            seq_len=seq_len,
+            eval_every=10**9,
+            checkpoint_every=10**9,
+            device="cpu",
+            precision="float32",
+        ),
+        task=task,
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            _, others = others_during(lambda: train(run, Path(folder) / "run", progress=False))
+            per_second = pd.read_csv(Path(folder) / "run" / "metrics.csv")["tokens_per_second"]
+    finally:
+        torch.set_num_threads(before)
+    times = [batch * seq_len / v for v in per_second.iloc[warmup:]]
+    mean_line = statistics.mean(len(line.text) for line in make_splits(task, 0)[0])
+    lines_per_row = 1.0 if layout == "padded" else seq_len / mean_line
+    return Timing(batch, statistics.median(times), min(times), others), lines_per_row
+
+
 def profile_step(batch: int, seq_len: int, seed: int, impl: str, rows: int) -> None:
     """Print the torch.profiler op breakdown (self CPU time) of one eager training step."""
     from torch.profiler import ProfilerActivity, profile
@@ -462,6 +506,23 @@ def main() -> None:
             "'others': CPU cores that other processes used while that row was timed; "
             f"{len(busy)} row(s) above 0.1 were slowed by them: rerun on an idle machine."
         )
+
+    if not args.no_trainer and args.device == "cpu" and args.precision == "float32":
+        print(
+            "\nzuo2025 trained task model (NoPE, d = 128, 4 layers, 4 heads) through "
+            "nopelab.train, 2-digit add; lines/s = rows/s for padded rows of one line"
+        )
+        print(
+            f"{'layout':>7s} {'batch':>5s} {'T':>3s} {'threads':>7s} {'tokens/s':>9s} {'lines/s':>8s}"
+        )
+        for layout, batch, seq_len in (("packed", 64, 64), ("padded", 128, 12)):
+            for threads in sorted({1, torch.get_num_threads()}):
+                t, lines_per_row = time_task_model(layout, batch, steps, warmup, threads)
+                lines = batch * lines_per_row / t.median
+                print(
+                    f"{layout:>7s} {batch:5d} {seq_len:3d} {threads:7d} "
+                    f"{batch * seq_len / t.median:9.0f} {lines:8.0f}"
+                )
 
     if args.profile:
         profile_step(args.profile, args.seq_len, args.seed, args.adamw, rows=20)

@@ -326,3 +326,12 @@ def test_error_messages_are_plain_one_liners() -> None:
     with pytest.raises(ConfigError) as info:
         ModelConfig(norm="batchnorm")
     assert str(info.value) == "norm: unknown value 'batchnorm'; allowed: layernorm, rmsnorm"
+
+
+def test_config_error_survives_pickling() -> None:
+    """Errors come back from worker processes (zuo2025 trains models in a process pool)."""
+    import pickle
+
+    error = pickle.loads(pickle.dumps(ConfigError("seq_len", "too short")))
+    assert isinstance(error, ConfigError) and error.field == "seq_len"
+    assert str(error) == "seq_len: too short"

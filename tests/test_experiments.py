@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -11,11 +12,13 @@ import pytest
 import torch
 
 from nopelab.cli import main
-from nopelab.config import RunConfig
+from nopelab.config import ModelConfig, RunConfig, TrainConfig
 from nopelab.experiments import EXPERIMENTS, zuo2025_trained
-from nopelab.experiments.trained import analyze_trained
+from nopelab.experiments import trained as trained_module
+from nopelab.experiments.trained import analyze_trained, train_into, train_many
 from nopelab.model import Transformer
-from nopelab.train import TrainRun
+from nopelab.tasks import TaskConfig
+from nopelab.train import TrainRun, train
 
 
 def reproduce(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -243,3 +246,58 @@ def test_paper_scale_settings_are_valid(paper: str, part: str) -> None:
             for T in lengths:
                 logits = model(torch.zeros(2, T, dtype=torch.long))
                 assert logits.shape == (2, T, model_cfg.vocab_size)
+
+
+# ------------------------------------------------------------- training several models
+
+
+def tiny_task_run(steps: int = 6) -> TrainRun:
+    return TrainRun(
+        model=ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=16),
+        train=TrainConfig(
+            steps=steps, batch_size=4, seq_len=16, eval_every=3, checkpoint_every=2, device="cpu"
+        ),
+        task=TaskConfig(max_len=2, train_size=200, test_size=16, layout="padded"),
+    )
+
+
+def test_train_into_continues_a_stopped_run_and_reads_a_finished_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tiny_task_run()
+    train(run, tmp_path / "whole", progress=False)
+    whole = pd.read_csv(tmp_path / "whole" / "metrics.csv")
+    train(run, tmp_path / "cut" / "runs" / "a", progress=False, stop_after=4)
+    folder, summary = train_into("a", run, tmp_path / "cut")
+    pd.testing.assert_frame_equal(
+        pd.read_csv(folder / "metrics.csv").drop(columns="tokens_per_second"),
+        whole.drop(columns="tokens_per_second"),
+    )
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(trained_module, "train", no_training)
+    assert train_into("a", run, tmp_path / "cut") == (folder, summary)
+    # a folder stopped before its first checkpoint starts over
+    monkeypatch.undo()
+    (tmp_path / "early" / "runs" / "b").mkdir(parents=True)
+    (tmp_path / "early" / "runs" / "b" / "config.json").write_text("{}")
+    _, summary = train_into("b", run, tmp_path / "early")
+    assert summary["steps"] == 6
+
+
+def test_train_many_in_parallel_processes_equals_one_by_one(tmp_path: Path) -> None:
+    runs = {"a": tiny_task_run(4), "b": dataclasses.replace(tiny_task_run(4), task=TaskConfig(
+        name="wherex", max_len=3, train_size=200, test_size=16, layout="padded"))}  # fmt: skip
+    parallel = train_many(runs, tmp_path / "parallel", workers=2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        serial = train_many(runs, tmp_path / "serial", workers=1)
+    finally:
+        torch.set_num_threads(threads)
+    for name in runs:
+        a, b = (pd.read_csv(r[name][0] / "metrics.csv") for r in (parallel, serial))
+        assert a["loss"].tolist() == b["loss"].tolist()
+        assert parallel[name][1]["final_eval"] == serial[name][1]["final_eval"]

@@ -9,5 +9,8 @@ class ConfigError(UserError):
     """An invalid configuration value."""
 
     def __init__(self, field: str, message: str):
-        self.field = field
+        self.field, self.message = field, message
         super().__init__(f"{field}: {message}")
+
+    def __reduce__(self) -> tuple:  # picklable, so it can come back from a worker process
+        return type(self), (self.field, self.message)
