@@ -372,6 +372,37 @@ def test_cli_task_run_then_analyze(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert json.loads((analysis / "config.json").read_text())["analysis"]["input"] == "data"
 
 
+def test_cli_zuo_protocol_and_its_bad_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "run"
+    args = ["train", "--task", "add", "--layout", "padded", "--loss-mode", "all", *TINY_TRAIN]
+    assert run_cli([*args, "--train-size", "300", "--test-size", "20", "--out", str(out)],
+                   monkeypatch) == 0  # fmt: skip
+    task = json.loads((out / "config.json").read_text())["task"]
+    assert (task["layout"], task["loss_mode"], task["format"]) == ("padded", "all", None)
+    analyze = ["analyze", str(out), "--input", "prompts", "--samples", "8", "--device", "cpu"]
+    analysis = tmp_path / "analysis"
+    assert run_cli([*analyze, "--seq-len", "9", "--out", str(analysis)], monkeypatch) == 0
+    config = json.loads((analysis / "config.json").read_text())["analysis"]
+    assert (config["input"], config["seq_len"]) == ("prompts", 9)  # "$999+999=" fits
+    capsys.readouterr()
+    bad = [
+        ([*analyze, "--seq-len", "8"], "seq_len"),  # shorter than the longest prompt
+        (["analyze", "--input", "prompts", "--layers", "1"], "--input"),  # no task run
+        ([*args, "--format", "lee"], "format"),
+        ([*args, "--loss-mode", "prompt"], "loss_mode"),
+        ([*args, "--layout", "stacked"], "layout"),
+        (["train", "--task", "copy", "--format", "zuo", *TINY_TRAIN], "format"),
+    ]
+    for argv, field in bad:
+        target = tmp_path / "bad"
+        assert run_cli([*argv, "--out", str(target)], monkeypatch) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and field in err, err
+        assert not target.exists()
+
+
 def test_cli_text_run_then_analyze(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     corpus = tmp_path / "c.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
