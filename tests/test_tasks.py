@@ -654,3 +654,14 @@ def test_prompts_are_left_padded_test_prompts() -> None:
     with pytest.raises(ConfigError, match="shorter than the longest add prompt") as info:
         source.prompts(4, 8, torch.Generator())
     assert info.value.field == "seq_len"
+
+
+def test_windows_longer_than_the_test_lines_are_refused_before_training() -> None:
+    from nopelab.config import ModelConfig as Model
+    from nopelab.sources import TaskSource
+
+    source = TaskSource(TaskConfig(train_size=300, test_size=5, layout="windows"), 0, 5)
+    source.check_model(Model(), 32)  # five lines hold more than 33 characters
+    with pytest.raises(ConfigError, match="longer than all test lines") as info:
+        source.check_model(Model(), 256)
+    assert info.value.field == "seq_len"

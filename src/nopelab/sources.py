@@ -75,7 +75,9 @@ class TaskSource:
             "test": self._rows(self.test, seed, width),
         }
 
-    def _rows(self, examples: list[tasks.Example], seed: int, width: int):
+    def _rows(
+        self, examples: list[tasks.Example], seed: int, width: int
+    ) -> tasks.LineStream | tasks.PaddedLines | None:
         if self.cfg.layout == "windows":
             return tasks.LineStream(examples, seed)
         if self.cfg.layout == "padded":
@@ -99,6 +101,13 @@ class TaskSource:
                 "seq_len",
                 f"must hold a whole line of the task ({longest} characters), got {seq_len}",
             )
+        for split, rows in self.rows.items():  # windows need that many characters of lines
+            if isinstance(rows, tasks.LineStream) and len(rows.tokens) < seq_len + 1:
+                raise ConfigError(
+                    "seq_len",
+                    f"{seq_len} is longer than all {split} lines together ({len(rows.tokens)} "
+                    "characters); use more lines or a shorter seq_len",
+                )
 
     def _batch(
         self, split: str, batch_size: int, seq_len: int, generator: torch.Generator
