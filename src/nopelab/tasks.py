@@ -222,7 +222,9 @@ def _number(lengths: tuple[int, int], rng: random.Random) -> str:
     return text
 
 
-def _draw_operands(name: str, fmt: str, lengths: tuple[int, int], rng: random.Random):
+def _draw_operands(
+    name: str, fmt: str, lengths: tuple[int, int], rng: random.Random
+) -> tuple[str, ...]:
     """Random operands: Zuo's law of lengths (``zuo``) or a uniform length (``plain``)."""
     if fmt == "zuo":
         match name:

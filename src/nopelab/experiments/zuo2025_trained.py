@@ -22,7 +22,7 @@ directory that already holds finished models is continued, not retrained.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,6 @@ class Scale:
     loss_mode: str = "all"
     samples: int = 256  # analysed prompts per model
     workers: int = 2  # parallel single-thread training processes (CPU)
-    notes: list[str] = field(default_factory=list)
 
 
 CPU_RECIPE = dict(batch_size=128, lr=1e-3, warmup=100)
