@@ -1,4 +1,4 @@
-"""Metrics of design.md §3 against independent brute-force counts and closed forms."""
+"""The metrics (README, "Metrics") against independent brute-force counts and closed forms."""
 
 from __future__ import annotations
 
@@ -204,7 +204,7 @@ def test_cumulative_means_of_orthogonal_vectors_score_exactly_one() -> None:
 
 
 def test_cumulative_means_of_gaussians_approach_one_only_as_d_grows() -> None:
-    """design.md §3 says cumulative means give A = 1; for i.i.d. Gaussian x at finite d this
+    """Closed forms say cumulative means give A = 1; for i.i.d. Gaussian x at finite d this
     holds only in the limit (the vectors are merely nearly orthogonal). Measured (seeded,
     T = 32, 64 samples): mean A ≈ 0.79 at d=4, 0.93 at d=16, 0.985 at d=64, ≈ 1 at d=1024.
     Bounds below leave a margin of more than 5 standard errors around those values."""

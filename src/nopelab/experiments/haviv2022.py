@@ -36,7 +36,7 @@ SHAPE_PROBE = "mlp-cls"  # the probe drawn against the published curves
 SITES = ("embed", "resid_post")
 
 # Haviv et al. 2022, 1.3B model (24 layers) trained on the Pile, T = 1024: probe MAD per
-# layer as listed in design.md §2 (only the layers listed there), and WikiText-103 perplexity.
+# layer for the layers whose values we have from their table, and WikiText-103 perplexity.
 PUBLISHED_LAYERS = 24
 PUBLISHED_SEQ_LEN = 1024
 PUBLISHED_RANDOM = 341.33
@@ -279,7 +279,7 @@ NoPE's lowest MAD ({SHAPE_PROBE}) is at layer {best} of {m.n_layers}
 ## Shape against the published curves
 
 MAD as a fraction of the random baseline, depth as a fraction of the stack (layer / L), ours
-({SHAPE_PROBE}) against Haviv et al.'s published 1.3B numbers (only the layers design.md §2 lists;
+({SHAPE_PROBE}) against Haviv et al.'s published 1.3B numbers (only the layers whose values we have;
 the sinusoidal value is their "≈0.01 in early layers"). Shape, not scale: their model is ~1000x
 larger, trained on far more text, at 8x our sequence length.
 
