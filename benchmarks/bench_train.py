@@ -81,7 +81,7 @@ from torch import nn
 
 from nopelab.config import ModelConfig, TrainConfig
 from nopelab.model import Transformer
-from nopelab.tasks import TaskConfig, make_splits
+from nopelab.tasks import TaskConfig, make_splits, max_line_len
 from nopelab.train import TrainRun, train
 from timing import best_of
 
@@ -284,25 +284,9 @@ def time_training(
     return Timing(batch, statistics.median(times), min(times), others), flops
 
 
-def time_trainer(
-    batch: int, seq_len: int, steps: int, warmup: int, seed: int, device: str, precision: str
-) -> Timing:
-    """The same model through ``nopelab.train`` itself (packed ``add`` lines, loss on answers,
-    clipping, fused AdamW, logging): per-step times from its ``metrics.csv``."""
-    run = TrainRun(
-        model=ModelConfig(max_seq_len=seq_len),
-        train=TrainConfig(
-            steps=warmup + steps,
-            batch_size=batch,
-            seq_len=seq_len,
-            eval_every=10**9,
-            checkpoint_every=10**9,
-            device=device,
-            precision=precision,
-            seed=seed,
-        ),
-        task=TaskConfig(name="add", train_size=2000, test_size=20),
-    )
+def trainer_timing(run: TrainRun, batch: int, seq_len: int, warmup: int) -> Timing:
+    """Train ``run`` through ``nopelab.train`` itself; per-step times from its ``metrics.csv``
+    after ``warmup`` steps."""
     with tempfile.TemporaryDirectory() as folder:
         _, others = others_during(lambda: train(run, Path(folder) / "run", progress=False))
         per_second = pd.read_csv(Path(folder) / "run" / "metrics.csv")["tokens_per_second"]
@@ -310,43 +294,62 @@ def time_trainer(
     return Timing(batch, statistics.median(times), min(times), others)
 
 
+def trainer_config(
+    batch: int, seq_len: int, steps: int, device: str = "cpu", precision: str = "float32",
+    seed: int = 0,
+) -> TrainConfig:  # fmt: skip
+    """``steps`` steps of the default recipe, without evaluations or checkpoints on the way."""
+    return TrainConfig(
+        steps=steps,
+        batch_size=batch,
+        seq_len=seq_len,
+        eval_every=10**9,
+        checkpoint_every=10**9,
+        device=device,
+        precision=precision,
+        seed=seed,
+    )
+
+
+def time_trainer(
+    batch: int, seq_len: int, steps: int, warmup: int, seed: int, device: str, precision: str
+) -> Timing:
+    """The same model through ``nopelab.train`` itself (packed ``add`` lines, loss on answers,
+    clipping, fused AdamW, logging): per-step times from its ``metrics.csv``."""
+    run = TrainRun(
+        model=ModelConfig(max_seq_len=seq_len),
+        train=trainer_config(batch, seq_len, warmup + steps, device, precision, seed),
+        task=TaskConfig(name="add", train_size=2000, test_size=20),
+    )
+    return trainer_timing(run, batch, seq_len, warmup)
+
+
 TASK_MODEL = ModelConfig(d_model=128, n_layers=4, n_heads=4)  # zuo2025 trained, small/medium
 
 
 def time_task_model(
     layout: str, batch: int, steps: int, warmup: int, threads: int
-) -> tuple[Timing, float]:
+) -> tuple[Timing, int, float]:
     """The zuo2025 ``trained`` task model (NoPE, d = 128, 4 layers) through ``nopelab.train``
     on Zuo-format 2-digit ``add``: ``padded`` lines (the CPU recipe, rows of one line) or
     ``packed`` rows of 64 characters (the recipe before it), with ``threads`` torch threads.
-    Returns the timing and the task lines per row."""
+    Returns the timing, the row length and the task lines per row."""
     task = TaskConfig(name="add", max_len=2, train_size=2000, test_size=20, layout=layout)
-    seq_len = 12 if layout == "padded" else 64  # the longest line, or 64 characters
+    seq_len = max_line_len(task) if layout == "padded" else 64
     run = TrainRun(
         model=dataclasses.replace(TASK_MODEL, max_seq_len=seq_len),
-        train=TrainConfig(
-            steps=warmup + steps,
-            batch_size=batch,
-            seq_len=seq_len,
-            eval_every=10**9,
-            checkpoint_every=10**9,
-            device="cpu",
-            precision="float32",
-        ),
+        train=trainer_config(batch, seq_len, warmup + steps),
         task=task,
     )
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        with tempfile.TemporaryDirectory() as folder:
-            _, others = others_during(lambda: train(run, Path(folder) / "run", progress=False))
-            per_second = pd.read_csv(Path(folder) / "run" / "metrics.csv")["tokens_per_second"]
+        timing = trainer_timing(run, batch, seq_len, warmup)
     finally:
         torch.set_num_threads(before)
-    times = [batch * seq_len / v for v in per_second.iloc[warmup:]]
     mean_line = statistics.mean(len(line.text) for line in make_splits(task, 0)[0])
     lines_per_row = 1.0 if layout == "padded" else seq_len / mean_line
-    return Timing(batch, statistics.median(times), min(times), others), lines_per_row
+    return timing, seq_len, lines_per_row
 
 
 def profile_step(batch: int, seq_len: int, seed: int, impl: str, rows: int) -> None:
@@ -515,9 +518,9 @@ def main() -> None:
         print(
             f"{'layout':>7s} {'batch':>5s} {'T':>3s} {'threads':>7s} {'tokens/s':>9s} {'lines/s':>8s}"
         )
-        for layout, batch, seq_len in (("packed", 64, 64), ("padded", 128, 12)):
+        for layout, batch in (("packed", 64), ("padded", 128)):
             for threads in sorted({1, torch.get_num_threads()}):
-                t, lines_per_row = time_task_model(layout, batch, steps, warmup, threads)
+                t, seq_len, lines_per_row = time_task_model(layout, batch, steps, warmup, threads)
                 lines = batch * lines_per_row / t.median
                 print(
                     f"{layout:>7s} {batch:5d} {seq_len:3d} {threads:7d} "
