@@ -156,7 +156,9 @@ def settings(scale_name: str, seed: int, device: str) -> Settings:
 
 def run(settings: Settings, out: Path) -> None:
     names = {key: f"{key[0]}-{key[1]}" for key in settings.runs}
-    trained = train_many({names[k]: r for k, r in settings.runs.items()}, out, settings.workers)
+    # NoPE models train first (the part's claim is about them); the results do not depend on order
+    nope_first = sorted(settings.runs, key=lambda key: POS_ENCODINGS.index(key[1]))
+    trained = train_many({names[k]: settings.runs[k] for k in nope_first}, out, settings.workers)
     rows, accuracy, heatmaps = [], [], {}
     for (task, pe), train_run in settings.runs.items():
         folder, summary = trained[names[task, pe]]
