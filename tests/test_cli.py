@@ -219,6 +219,7 @@ def test_existing_output_needs_force(tmp_path: Path, capsys, monkeypatch) -> Non
     assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 2
     assert "--force" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    (out / ".nopelab-run.json").write_text("{}")  # what every nopelab run folder holds
     assert run_cli(["analyze", *TINY, "--out", str(out), "--force"], monkeypatch) == 0
     assert (out / "summary.json").exists() and not (out / "keep.txt").exists()
     # an empty folder is fine without --force

@@ -160,8 +160,15 @@ def test_cli_export_needs_force_for_a_non_empty_out(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--force" in err, err
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    # --force replaces only a folder nopelab wrote, never someone else's files
+    assert run_cli(["export", str(text_run), "--out", str(out), "--force"], monkeypatch) == 2
+    assert "does not hold a nopelab run" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    out = tmp_path / "hf2"
+    assert run_cli(["export", str(text_run), "--out", str(out)], monkeypatch) == 0
+    (out / "model.safetensors").unlink()
     assert run_cli(["export", str(text_run), "--out", str(out), "--force"], monkeypatch) == 0
-    assert (out / "model.safetensors").is_file() and not (out / "keep.txt").exists()
+    assert (out / "model.safetensors").is_file()
 
 
 def test_cli_refuses_an_unexportable_run(tmp_path: Path, capsys, monkeypatch) -> None:

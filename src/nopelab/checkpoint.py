@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from nopelab.errors import UserError
+from nopelab.rundir import replaced_together
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -41,13 +41,6 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _replace_atomically(path: Path, write: Any) -> None:
-    """Call ``write(tmp)`` then move ``tmp`` over ``path``, so a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The state dict with every shared tensor kept once (under its first name), contiguous."""
     seen: set[int] = set()
@@ -61,7 +54,7 @@ def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_model(model: nn.Module, path: Path) -> None:
-    _replace_atomically(path, lambda tmp: save_file(model_tensors(model), str(tmp)))
+    save_file(model_tensors(model), str(path))
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -110,7 +103,7 @@ def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
         for key, value in entries.items()
     }
     metadata = {"param_groups": json.dumps(state["param_groups"])}
-    _replace_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+    save_file(tensors, str(path), metadata=metadata)
 
 
 def load_optimizer(
@@ -140,15 +133,19 @@ def load_optimizer(
 def save_checkpoint(
     out: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
 ) -> None:
-    """Write weights, optimiser state, then ``trainer_state.json`` with both files' hashes."""
-    save_model(model, out / MODEL_FILE)
-    save_optimizer(optimizer, out / OPTIMIZER_FILE)
-    record = {
-        **state,
-        "model_sha256": sha256(out / MODEL_FILE),
-        "optimizer_sha256": sha256(out / OPTIMIZER_FILE),
-    }
-    _replace_atomically(out / STATE_FILE, lambda tmp: tmp.write_text(json.dumps(record, indent=2)))
+    """Write weights, optimiser state and ``trainer_state.json`` with both files' hashes; the
+    three replace the previous checkpoint only once all are written (a full disk or an
+    interrupt keeps the previous one)."""
+    paths = [out / MODEL_FILE, out / OPTIMIZER_FILE, out / STATE_FILE]
+    with replaced_together(paths) as (model_tmp, optimizer_tmp, state_tmp):
+        save_model(model, model_tmp)
+        save_optimizer(optimizer, optimizer_tmp)
+        record = {
+            **state,
+            "model_sha256": sha256(model_tmp),
+            "optimizer_sha256": sha256(optimizer_tmp),
+        }
+        state_tmp.write_text(json.dumps(record, indent=2))
 
 
 def read_state(out: Path) -> dict[str, Any]:

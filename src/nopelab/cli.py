@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ import typer
 
 from nopelab.allocator import keep_freed_memory
 from nopelab.errors import UserError
+from nopelab.rundir import is_disk_full
 
 app = typer.Typer(
     add_completion=False,
@@ -293,6 +295,11 @@ def _hf_path(run_dir: Path | None) -> str | None:
     return str(run_dir)[3:] if run_dir is not None and str(run_dir).startswith("hf:") else None
 
 
+def _inputs(*run_dirs: Path | None) -> list[Path]:
+    """The folders or files a command reads (``hf:PATH`` gives ``PATH``): never an output."""
+    return [Path(_hf_path(r) or r) for r in run_dirs if r is not None]
+
+
 def _model_and_analysis(
     run_dir: Path | None,
     data: dict[str, Any],
@@ -440,12 +447,12 @@ def analyze(
     analysis_flags = _analysis_flags(arguments)
     hf_flags = {name: arguments[name] for name in HF_FLAGS}
     out = out or default_out(f"analyze-{Path(str(run_dir)).name}" if run_dir else "analyze")
-    check_out(out, force)
+    check_out(out, force, _inputs(run_dir))
     cfg, model, source = _model_and_analysis(
         run_dir, data, model_flags, analysis_flags, hf_flags=hf_flags
     )
     resolve_device(cfg.analysis.device)
-    with staged_run(out, force) as staging:
+    with staged_run(out, force, _inputs(run_dir), command="analyze") as staging:
         start = time.perf_counter()
         result = analyze_model(model, cfg.analysis, source=source)
         title = _title(run_dir)
@@ -684,15 +691,24 @@ def train(
     try:
         summary = run_training(run, out, resume=resume, force=force, tensorboard=tensorboard)
     except KeyboardInterrupt:
-        raise UserError(
-            f"interrupted; the last checkpoint is kept: continue with nopelab train --resume --out {out}"
-        ) from None
+        typer.echo(f"nopelab: interrupted; {_kept_checkpoint(out)}", err=True)
+        sys.exit(130)
     if summary is not None and int(os.environ.get("RANK", "0")) == 0:
         typer.echo(
             f"final evaluation: {_format_metrics(summary['final_eval'])}; "
             f"{summary['tokens_per_second']:.0f} tokens/s"
         )
         typer.echo(f"wrote {out}")
+
+
+def _kept_checkpoint(out: Path) -> str:
+    """What an interrupted training run kept, and how to continue it."""
+    from nopelab.checkpoint import STATE_FILE, read_state
+
+    if not (out / STATE_FILE).is_file():
+        return "no checkpoint yet: nothing was kept"
+    again = shlex.join(["nopelab", "train", "--resume", "--out", str(out)])
+    return f"the checkpoint of step {read_state(out)['step']} is kept: continue with {again}"
 
 
 def _corpus_vocab(corpus: dict[str, Any]) -> int:
@@ -796,14 +812,14 @@ def probe(
 
     data: dict[str, Any] = read_config_file(config) if config else {}
     out = out or default_out(f"probe-{Path(str(run_dir)).name}" if run_dir else "probe")
-    check_out(out, force)
+    check_out(out, force, _inputs(run_dir))
     cfg, model, source = _model_and_analysis(
         run_dir, data, _model_flags(arguments), _analysis_flags(arguments),
         {"sites": ["embed", "resid_post"]}, PROBE_SECTIONS,
         hf_flags={name: arguments[name] for name in HF_FLAGS},
     )  # fmt: skip
     probe_cfg = _probe_settings(data, _probe_flags(arguments))
-    with staged_run(out, force) as staging:
+    with staged_run(out, force, _inputs(run_dir), command="probe") as staging:
         start = time.perf_counter()
         rows = probe_model(model, cfg.analysis, probe_cfg, source)
         title = _title(run_dir)
@@ -916,7 +932,7 @@ def compare_signals(
     if any(not p.endswith("reg") for p in probe_cfg.probes):
         raise UserError("--probes: compare-signals uses regression probes: linear-reg, mlp-reg")
     out = out or default_out("compare-signals")
-    with staged_run(out, force) as staging:
+    with staged_run(out, force, _inputs(*run_dirs), command="compare-signals") as staging:
         start = time.perf_counter()
         rows = []
         for label, state, model, cfg, source in models:
@@ -1026,7 +1042,7 @@ def intervene(
     if eval_samples < 1:
         raise UserError(f"--eval-samples: must be >= 1, got {eval_samples}")
     out = out or default_out(f"intervene-{run_dir.name}")
-    with staged_run(out, force) as staging:
+    with staged_run(out, force, _inputs(run_dir), command="intervene") as staging:
         rows = run_interventions(run_dir, cfg, probe_cfg, analysis, eval_samples=eval_samples)
         config_dict = {
             "run": str(run_dir),
@@ -1097,7 +1113,7 @@ def reproduce(
     out = out or default_out(f"{paper}-{part}-{scale}")
     settings = runner.settings(scale, seed, device)  # validates before any output exists
     if not runner.resumable:
-        with staged_run(out, force) as staging:
+        with staged_run(out, force, (), command="reproduce") as staging:
             runner.run(settings, staging)
         typer.echo(f"wrote {out}; see {out / 'summary.md'}")
         return
@@ -1145,16 +1161,29 @@ def export(
     from nopelab.train import read_run
 
     family(read_run(run_dir).model)  # an unexportable config fails before anything is written
-    with staged_run(out, force) as staging:
+    with staged_run(out, force, _inputs(run_dir), command="export") as staging:
         name = export_run(run_dir, staging, seed, shown_as=out)
     typer.echo(f"wrote {out} ({name})")
 
 
 def main() -> None:
-    """Entry point: user errors become one line on stderr and exit status 2."""
+    """Entry point: user errors become one line on stderr and exit status 2, a failed run 1,
+    an interrupt (SIGINT or SIGTERM) 130."""
     keep_freed_memory()
+    # `kill`, `timeout` and job schedulers send SIGTERM: it stops a run as Ctrl-C does
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        app(standalone_mode=False)
+        _run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run() -> None:
+    try:
+        code = app(standalone_mode=False)  # typer turns Ctrl-C inside a command into 130
+        if code == 130:
+            typer.echo(INTERRUPTED, err=True)
+        sys.exit(code or 0)
     except UserError as exc:
         typer.echo(f"nopelab: error: {exc}", err=True)
         sys.exit(2)
@@ -1169,5 +1198,18 @@ def main() -> None:
             typer.echo(f"nopelab: error: {message}", err=True)
         sys.exit(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt:
-        typer.echo("nopelab: interrupted; nothing was written", err=True)
+        typer.echo(INTERRUPTED, err=True)
         sys.exit(130)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        where = f" while writing {exc.filename}" if exc.filename else ""
+        typer.echo(f"nopelab: error: {exc.strerror}{where}; nothing half-written is kept", err=True)
+        sys.exit(1)
+
+
+INTERRUPTED = "nopelab: interrupted; nothing was written"
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

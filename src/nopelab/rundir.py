@@ -1,23 +1,32 @@
-"""Run directories that appear whole or not at all.
+"""Run directories: nothing half-written, nothing destroyed, one writer at a time.
 
-Outputs are written into a hidden staging folder beside the target and moved into place
-only when the run succeeds, so an error or an interrupt never leaves a half-written run, and
-an existing run is replaced only with ``--force``.
+Every command writes its outputs into a hidden staging folder beside ``--out`` and moves it into
+place only when the run succeeds, so an error or an interrupt (SIGINT or SIGTERM) never leaves a
+half-written run; parent folders the run created are removed again when it fails. ``--out`` must
+not be the current folder or hold it, and must not be, hold or lie inside a run the command
+reads. ``--force`` replaces only a folder that holds a nopelab run (it has the marker file
+:data:`RUN_MARKER`). While a command writes ``--out`` it holds an exclusive lock on it, so a
+second writer is refused. Files and folders get the user's umask.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from nopelab import __version__
 from nopelab.errors import UserError
+
+RUN_MARKER = ".nopelab-run.json"  # in every folder nopelab writes: what --force may replace
 
 
 def default_out(name: str) -> Path:
@@ -25,15 +34,44 @@ def default_out(name: str) -> Path:
     return Path("runs") / f"{name}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
-def check_out(out: Path, force: bool) -> None:
-    """Fail early, before any work, if ``out`` cannot take a new run."""
-    if out.exists():
-        if not out.is_dir():
+def _resolved(path: Path, flag: str) -> Path:
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(f"{flag}: the path is not valid UTF-8; choose another name") from None
+    return path.expanduser().resolve()
+
+
+def check_out(out: Path, force: bool, inputs: Sequence[Path] = ()) -> None:
+    """Fail early, before any work, if ``out`` cannot take a new run.
+
+    ``inputs`` are the runs the command reads: ``out`` may not be one of them, lie inside one or
+    hold one.
+    """
+    target = _resolved(out, "--out")
+    here = Path.cwd().resolve()
+    if target == here or target in here.parents:
+        where = "is" if target == here else "holds"
+        raise UserError(f"--out: {str(out)!r} {where} the current folder; choose a new folder")
+    for given in inputs:
+        source = given.expanduser().resolve()
+        if target == source or source in target.parents or target in source.parents:
+            raise UserError(
+                f"--out: {out} overlaps the input run {given}; a run's outputs go to a new folder"
+            )
+    if target.exists():
+        if not target.is_dir():
             raise UserError(f"--out: {out} exists and is not a directory")
-        if any(out.iterdir()) and not force:
-            raise UserError(f"--out: {out} is not empty; choose another folder or pass --force")
-    parent = _existing_ancestor(out.absolute().parent)
-    if not os.access(parent, os.W_OK | os.X_OK):
+        if any(target.iterdir()):
+            if not force:
+                raise UserError(f"--out: {out} is not empty; choose another folder or pass --force")
+            if not (target / RUN_MARKER).is_file():
+                raise UserError(
+                    f"--out: {out} does not hold a nopelab run (no {RUN_MARKER}); --force "
+                    "replaces only nopelab runs: choose another folder"
+                )
+    parent = _existing_ancestor(target.parent)
+    if not os.access(parent, os.W_OK | os.X_OK) or not _is_regular_filesystem(parent):
         raise UserError(f"--out: {parent} is not writable")
 
 
@@ -45,28 +83,161 @@ def _existing_ancestor(path: Path) -> Path:
     return path
 
 
+def _is_regular_filesystem(path: Path) -> bool:
+    """False under /proc, /sys and /dev: pseudo-filesystems that reject ordinary folders."""
+    return not any(path == Path(p) or Path(p) in path.parents for p in ("/proc", "/sys", "/dev"))
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(path: Path) -> None:
+    """Give ``path`` the permissions a plain ``open``/``mkdir`` would have (temporary files and
+    folders are created private)."""
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
+
+
+def replace_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then move it over ``path``, so a
+    reader never sees half a file; the temporary file is removed if writing fails."""
+    with replaced_together([path]) as (tmp,):
+        write(tmp)
+
+
 @contextmanager
-def staged_run(out: Path, force: bool) -> Iterator[Path]:
-    """Yield a staging folder; on success it becomes ``out``, on any error it is removed."""
-    check_out(out, force)
-    out = out.absolute()
+def replaced_together(paths: Sequence[Path]) -> Iterator[list[Path]]:
+    """Yield a temporary file beside each of ``paths`` to write; when the block succeeds they
+    are moved over ``paths``, otherwise (an error, a full disk, an interrupt) removed, so the
+    files ``paths`` held before stay as they were."""
+    tmps = []
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        for path in paths:
+            fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            os.close(fd)
+            tmps.append(Path(name))
+        yield tmps
+        for tmp, path in zip(tmps, paths, strict=True):
+            apply_umask(tmp)
+            os.replace(tmp, path)
+    finally:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+
+
+_held: set[Path] = set()  # the lock files this process holds (a lock is re-entrant)
+
+
+@contextmanager
+def locked(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``out`` (a lock file beside it) or refuse in one line."""
+    target = out.expanduser().resolve()
+    lock = target.parent / f".{target.name}.lock"
+    if lock in _held:
+        yield
+        return
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        except OSError as exc:
+            raise UserError(f"--out: cannot create {lock}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UserError(
+                f"--out: another nopelab process is writing {out}; wait for it or choose "
+                "another folder"
+            ) from None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder removed the file as we took it: lock the new one
+    _held.add(lock)
+    try:
+        yield
+    finally:
+        _held.discard(lock)
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; return the ones created, deepest first."""
+    created = missing_folders(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"--out: cannot create {out.parent}: {exc.strerror}") from None
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+        raise UserError(f"--out: cannot create {folder}: {exc.strerror}") from None
+    return created
+
+
+def remove_empty(folders: Sequence[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) that is empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def write_marker(folder: Path, command: str) -> None:
+    write_json(
+        folder / RUN_MARKER,
+        {"command": command, "nopelab": __version__, "created": datetime.now().isoformat()},
+    )
+
+
+@contextmanager
+def staged_run(
+    out: Path, force: bool, inputs: Sequence[Path] = (), command: str = ""
+) -> Iterator[Path]:
+    """Yield a staging folder; on success it becomes ``out``, on any error it is removed."""
+    check_out(out, force, inputs)
+    out = out.expanduser().resolve()
+    created = _make_parents(out.parent)
     try:
-        yield staging
+        with locked(out):
+            check_out(out, force, inputs)  # again: another writer may have finished meanwhile
+            try:
+                staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+            except OSError as exc:
+                raise UserError(f"--out: cannot write in {out.parent}: {exc.strerror}") from None
+            try:
+                write_marker(staging, command)
+                yield staging
+                apply_umask(staging)
+                if out.exists():
+                    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+                    out.rename(old / "run")
+                    staging.rename(out)
+                    shutil.rmtree(old, ignore_errors=True)
+                else:
+                    staging.rename(out)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_empty(created)
         raise
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        out.rename(old / "run")
-        staging.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staging.rename(out)
+
+
+def is_disk_full(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 MARKER = "reproduction.json"  # what a resumable run folder holds while it is being written
@@ -81,29 +252,32 @@ def resumable_run(out: Path, marker: dict[str, Any], resume: bool, force: bool) 
     no ``summary.md`` yet (the last file a run writes). On an error or an interrupt everything
     written so far stays, for ``resume``.
     """
-    out = out.absolute()
-    if resume:
-        path = out / MARKER
-        if not path.is_file():
-            raise UserError(f"--resume: {out} holds no resumable run (no {MARKER})")
-        try:
-            stored = json.loads(path.read_text())
-        except (OSError, ValueError, UnicodeDecodeError):
-            raise UserError(f"--resume: {path} is not valid JSON") from None
-        if stored != marker:
-            key = next(
-                k for k in sorted(set(stored) | set(marker)) if stored.get(k) != marker.get(k)
-            )
-            raise UserError(
-                f"--resume: {key} is {marker.get(key)!r} but the run was started with "
-                f"{stored.get(key)!r}"
-            )
-        if (out / "summary.md").is_file():
-            raise UserError(f"--resume: the run in {out} has already finished")
-    else:
-        with staged_run(out, force) as staging:
-            write_json(staging / MARKER, marker)
-    yield out
+    out = out.expanduser().resolve()
+    with locked(out):
+        if resume:
+            _check_resumable(out, marker)
+        else:
+            with staged_run(out, force, command="reproduce") as staging:
+                write_json(staging / MARKER, marker)
+        yield out
+
+
+def _check_resumable(out: Path, marker: dict[str, Any]) -> None:
+    path = out / MARKER
+    if not path.is_file():
+        raise UserError(f"--resume: {out} holds no resumable run (no {MARKER})")
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        raise UserError(f"--resume: {path} is not valid JSON") from None
+    if stored != marker:
+        key = next(k for k in sorted(set(stored) | set(marker)) if stored.get(k) != marker.get(k))
+        raise UserError(
+            f"--resume: {key} is {marker.get(key)!r} but the run was started with "
+            f"{stored.get(key)!r}"
+        )
+    if (out / "summary.md").is_file():
+        raise UserError(f"--resume: the run in {out} has already finished")
 
 
 def write_json(path: Path, data: Any) -> None:

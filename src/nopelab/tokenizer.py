@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from nopelab.errors import ConfigError
+from nopelab.rundir import replace_atomically
 
 KINDS = ("byte", "bpe")
 CHUNK_CHARS = 1 << 16  # texts are trained on and encoded in chunks of about this many characters
@@ -163,16 +163,9 @@ def get_tokenizer(
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file; a cache that cannot be written is skipped."""
+    """Write ``text`` to ``path`` atomically; a cache that cannot be written is skipped."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        replace_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     except OSError as e:
         warnings.warn(f"cannot cache the BPE tokenizer in {path.parent}: {e}", stacklevel=3)

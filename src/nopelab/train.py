@@ -29,7 +29,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +47,14 @@ from nopelab.config import CorpusConfig, ModelConfig, TrainConfig, build
 from nopelab.errors import ConfigError, UserError
 from nopelab.model import Transformer
 from nopelab.plots import training_curves
-from nopelab.rundir import write_json
+from nopelab.rundir import (
+    check_out,
+    locked,
+    missing_folders,
+    remove_empty,
+    staged_run,
+    write_json,
+)
 from nopelab.sources import IGNORE, Source, TaskSource, TextSource, load_tokenizer
 from nopelab.tasks import TaskConfig
 
@@ -265,16 +271,8 @@ def prepare_out(out: Path, resume: bool, force: bool) -> bool:
         raise UserError(
             f"--out: {out} already holds files; pass --resume to continue a run or --force to replace it"
         )
+    check_out(out, force)
     return False
-
-
-def _clear(out: Path) -> None:
-    """Empty ``out`` (for --force): move it aside first, so a failure never leaves half of it."""
-    if out.is_dir() and any(out.iterdir()):
-        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        out.rename(trash / "run")
-        shutil.rmtree(trash, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
 
 
 # ------------------------------------------------------------------------ training
@@ -293,29 +291,61 @@ def train(
 ) -> dict[str, Any] | None:
     """Train, checkpointing into ``out``; returns the summary (None when stopped early).
 
-    ``stop_after`` ends the run after that many steps without finishing it, as an interruption
-    would (used to test resuming). ``tensorboard`` mirrors the logs to ``out/tensorboard``.
-    ``label`` names the run in progress output (a bar on a terminal, else a line per evaluation).
+    Nothing lands in ``out`` before every check has passed; a new run that fails or is
+    interrupted before its first checkpoint leaves nothing behind (not even parent folders it
+    created). ``stop_after`` ends the run after that many steps without finishing it, as an
+    interruption would (used to test resuming). ``tensorboard`` mirrors the logs to
+    ``out/tensorboard``. ``label`` names the run in progress output (a bar on a terminal, else a
+    line per evaluation).
     """
-    cfg = run.train
-    out = out.absolute()
+    out = out.expanduser().absolute()
     summary_writer = _summary_writer_class() if tensorboard else None
-    device = _setup_processes(cfg.device)
+    device = _setup_processes(run.train.device)
     main_process = rank() == 0
     resume = prepare_out(out, resume, force)
-    if resume:
-        stored = read_run(out)
-        if stored != run:
-            raise UserError(f"--resume: {_first_difference(stored, run)}")
-    source = make_source(run, out if resume else None)
-    _barrier()
-    if main_process and not resume:
-        _clear(out)
-        write_json(out / CONFIG_FILE, {**run.to_dict(), "environment": {"nopelab": __version__}})
-        if isinstance(source, TextSource):
-            source.save_tokenizer(out)
-    _barrier()
+    created = missing_folders(out.parent) if main_process else []
+    placed = False  # whether this run's folder is in place (so a failure removes it)
+    try:
+        if main_process:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        with locked(out) if main_process else contextlib.nullcontext():
+            if resume:
+                stored = read_run(out)
+                if stored != run:
+                    raise UserError(f"--resume: {_first_difference(stored, run)}")
+            source = make_source(run, out if resume else None)
+            _barrier()
+            if main_process and not resume:
+                with staged_run(out, force, command="train") as staging:
+                    config = {**run.to_dict(), "environment": {"nopelab": __version__}}
+                    write_json(staging / CONFIG_FILE, config)
+                    if isinstance(source, TextSource):
+                        source.save_tokenizer(staging)
+                placed = True
+            _barrier()
+            return _train(
+                run, out, source, device, resume, progress, stop_after, summary_writer, label
+            )
+    except BaseException:
+        if placed and not (out / STATE_FILE).is_file():  # no checkpoint yet: nothing to keep
+            shutil.rmtree(out, ignore_errors=True)
+        remove_empty(created)
+        raise
 
+
+def _train(
+    run: TrainRun,
+    out: Path,
+    source: Source,
+    device: torch.device,
+    resume: bool,
+    progress: bool,
+    stop_after: int | None,
+    summary_writer: type | None,
+    label: str,
+) -> dict[str, Any] | None:
+    cfg = run.train
+    main_process = rank() == 0
     torch.manual_seed(cfg.seed)
     model = Transformer(run.model).to(device)
     optimizer = make_optimizer(model, cfg, device)

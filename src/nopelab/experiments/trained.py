@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,15 +96,24 @@ def train_many(
 ) -> dict[str, tuple[Path, dict[str, Any]]]:
     """:func:`train_into` for every run, by name. With ``workers`` > 1 they train in that many
     processes of one thread each (small models on a CPU train faster side by side than one
-    after another with all threads); the results do not depend on ``workers``' value > 1."""
+    after another with all threads); the results do not depend on ``workers``' value > 1. An
+    error or interrupt stops every process; finished models and checkpoints stay."""
     if workers <= 1:
         return {name: train_into(name, run, out) for name, run in runs.items()}
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = {
-            name: pool.submit(_train_one_thread, name, run, out) for name, run in runs.items()
+    pool = multiprocessing.get_context("spawn").Pool(workers)
+    try:
+        pending = {
+            name: pool.apply_async(_train_one_thread, (name, run, out))
+            for name, run in runs.items()
         }
-        return {name: future.result() for name, future in futures.items()}
+        results = {name: result.get() for name, result in pending.items()}
+    except BaseException:  # an error, Ctrl-C or SIGTERM: stop the other models at once
+        pool.terminate()
+        raise
+    finally:
+        pool.close()
+        pool.join()
+    return results
 
 
 @dataclass

@@ -1,0 +1,250 @@
+"""Run folders cannot destroy data, are written whole or not at all by one writer, and an
+interrupt (SIGINT or SIGTERM) exits 130 saying what was kept."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from nopelab import checkpoint
+from nopelab.rundir import RUN_MARKER, locked
+
+TINY = ["--layers", "1", "--heads", "2", "--d-model", "16", "--seq-len", "8", "--samples", "4",
+        "--batch-size", "2", "--device", "cpu"]  # fmt: skip
+TRAIN = ["train", "--task", "copy", "--max-len", "4", "--train-size", "200", "--test-size", "20",
+         "--layers", "1", "--heads", "2", "--d-model", "16", "--seq-len", "16", "--batch-size",
+         "4", "--warmup", "1", "--device", "cpu"]  # fmt: skip
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A current folder holding a precious file."""
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "precious.txt").write_text("keep me")
+    monkeypatch.chdir(here)
+    return here
+
+
+@pytest.mark.parametrize("out", ["", ".", "..", "./"])
+def test_out_is_never_the_current_folder_or_above_it(out, workdir, capsys, monkeypatch) -> None:
+    before = _tree(workdir.parent)
+    for force in ([], ["--force"]):
+        assert run_cli(["analyze", *TINY, "--out", out, *force], monkeypatch) == 2
+        assert "current folder" in _one_line(capsys)
+    assert _tree(workdir.parent) == before
+
+
+def test_outputs_never_overlap_the_input_run(tmp_path, capsys, monkeypatch) -> None:
+    run = tmp_path / "run"
+    assert run_cli([*TRAIN, "--steps", "2", "--out", str(run)], monkeypatch) == 0
+    before = _tree(run)
+    capsys.readouterr()
+    for command in (["analyze", str(run)], ["export", str(run)], ["probe", str(run)]):
+        for out in (run, run / "inside", tmp_path):
+            code = run_cli([*command, "--out", str(out), "--force"], monkeypatch)
+            assert code == 2 and "input run" in _one_line(capsys)
+    assert _tree(run) == before
+
+
+def test_force_replaces_only_a_nopelab_run(tmp_path, capsys, monkeypatch) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    assert run_cli(["analyze", *TINY, "--out", str(mine), "--force"], monkeypatch) == 2
+    assert "does not hold a nopelab run" in _one_line(capsys)
+    assert _tree(mine) == {"thesis.tex": b"years of work"}
+
+    run = tmp_path / "run"
+    assert run_cli(["analyze", *TINY, "--out", str(run)], monkeypatch) == 0
+    assert json.loads((run / RUN_MARKER).read_text())["command"] == "analyze"
+    assert run_cli(["analyze", *TINY, "--seed", "1", "--out", str(run), "--force"], monkeypatch) == 0
+    assert json.loads((run / "config.json").read_text())["analysis"]["seed"] == 1
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_second_writer_is_refused(tmp_path, capsys, monkeypatch) -> None:
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from nopelab.rundir import locked\nwith locked(Path(sys.argv[1])):\n"
+         "    print('locked', flush=True); time.sleep(60)", str(out)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        for args in (["analyze", *TINY], [*TRAIN, "--steps", "2"]):
+            assert run_cli([*args, "--out", str(out)], monkeypatch) == 2
+            assert "another nopelab process is writing" in _one_line(capsys)
+        assert not out.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 0  # a dead holder's lock
+    assert not (tmp_path / ".run.lock").exists()
+
+
+def test_a_failed_run_leaves_nothing_not_even_parents(tmp_path, capsys, monkeypatch) -> None:
+    def fail(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", "somewhere")
+
+    monkeypatch.setattr("nopelab.report.write_analysis", fail)
+    out = tmp_path / "a" / "b" / "run"
+    assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 1
+    assert "No space left on device" in _one_line(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_in_any_command_exits_130(tmp_path, capsys, monkeypatch) -> None:
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("nopelab.analysis.analyze_model", interrupt)
+    out = tmp_path / "new" / "run"
+    assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 130
+    assert "interrupted; nothing was written" in _one_line(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_training_interrupted_before_its_first_checkpoint(tmp_path, capsys, monkeypatch) -> None:
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("nopelab.train._update", interrupt)
+    out = tmp_path / "new" / "run"
+    assert run_cli([*TRAIN, "--steps", "4", "--out", str(out)], monkeypatch) == 130
+    assert "no checkpoint yet" in _one_line(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_training_run_writes_nothing(tmp_path, capsys, monkeypatch) -> None:
+    out = tmp_path / "run"
+    args = [*TRAIN, "--pos-encoding", "learned", "--max-seq-len", "8", "--out", str(out)]
+    assert run_cli(args, monkeypatch) == 2
+    _one_line(capsys)
+    assert not out.exists()
+
+
+def test_disk_full_keeps_the_last_checkpoint(tmp_path, capsys, monkeypatch) -> None:
+    out = tmp_path / "run"
+    calls = []
+    real = checkpoint.save_file
+
+    def fill_up(tensors, path, **kwargs):
+        calls.append(path)
+        if len(calls) > 2:  # the second checkpoint's weights
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        real(tensors, path, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save_file", fill_up)
+    args = [*TRAIN, "--steps", "4", "--checkpoint-every", "2", "--out", str(out)]
+    assert run_cli(args, monkeypatch) == 1
+    err = capsys.readouterr().err.strip()  # a progress line per evaluation, then the error
+    assert "No space left on device" in err.splitlines()[-1] and "Traceback" not in err
+    assert checkpoint.read_state(out)["step"] == 2
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    monkeypatch.setattr(checkpoint, "save_file", real)
+    assert run_cli(["train", "--resume", "--out", str(out)], monkeypatch) == 0  # intact
+
+
+def test_outputs_follow_the_umask(tmp_path, monkeypatch) -> None:
+    previous = os.umask(0o027)
+    try:
+        out = tmp_path / "run"
+        assert run_cli([*TRAIN, "--steps", "2", "--out", str(out)], monkeypatch) == 0
+        analysis = tmp_path / "analysis"
+        assert run_cli(["analyze", str(out), "--out", str(analysis)], monkeypatch) == 0
+    finally:
+        os.umask(previous)
+    for folder in (out, analysis):
+        assert folder.stat().st_mode & 0o777 == 0o750
+    for name in ("model.safetensors", "trainer_state.json", "config.json"):
+        assert (out / name).stat().st_mode & 0o777 == 0o640, name
+    assert (analysis / "summary.json").stat().st_mode & 0o777 == 0o640
+
+
+# ------------------------------------------------------------------------ real signals
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "nopelab", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(condition, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_analysis_leaves_nothing(signum, tmp_path) -> None:
+    out = tmp_path / "made" / "run"
+    proc = _start(["analyze", *TINY, "--samples", "1000000", "--out", str(out)], tmp_path)
+    _wait_for(lambda: any((tmp_path / "made").glob(".run.staging-*")))
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "nopelab: interrupted; nothing was written", err
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_training_keeps_the_checkpoint(signum, tmp_path) -> None:
+    out = tmp_path / "my run"
+    args = [*TRAIN, "--steps", "100000", "--checkpoint-every", "5", "--out", str(out)]
+    proc = _start(args, tmp_path)
+    _wait_for(lambda: (out / checkpoint.STATE_FILE).is_file())
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    step = checkpoint.read_state(out)["step"]
+    assert f"the checkpoint of step {step} is kept: continue with " in line
+    again = shlex.split(line.split("continue with ", 1)[1])
+    assert again == ["nopelab", "train", "--resume", "--out", str(out)]
+    assert not (tmp_path / ".my run.lock").exists()
+
+
+def test_sigterm_stops_a_reproduction_and_its_workers(tmp_path) -> None:
+    out = tmp_path / "zuo"
+    args = ["reproduce", "zuo2025", "--part", "trained", "--scale", "smoke", "--out", str(out)]
+    proc = _start(args, tmp_path)
+    _wait_for(lambda: any((out / "runs").glob("*/trainer_state.json")))
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert "finished models are kept: continue with" in line and "--resume" in line, err
+    snapshot = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    time.sleep(3)  # the training processes were stopped too: nothing changes any more
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == snapshot
