@@ -17,7 +17,7 @@ import pytest
 
 from conftest import run_cli
 from nopelab import checkpoint
-from nopelab.rundir import RUN_MARKER, locked
+from nopelab.rundir import RUN_MARKER
 
 TINY = ["--layers", "1", "--heads", "2", "--d-model", "16", "--seq-len", "8", "--samples", "4",
         "--batch-size", "2", "--device", "cpu"]  # fmt: skip
@@ -80,7 +80,9 @@ def test_force_replaces_only_a_nopelab_run(tmp_path, capsys, monkeypatch) -> Non
     run = tmp_path / "run"
     assert run_cli(["analyze", *TINY, "--out", str(run)], monkeypatch) == 0
     assert json.loads((run / RUN_MARKER).read_text())["command"] == "analyze"
-    assert run_cli(["analyze", *TINY, "--seed", "1", "--out", str(run), "--force"], monkeypatch) == 0
+    assert (
+        run_cli(["analyze", *TINY, "--seed", "1", "--out", str(run), "--force"], monkeypatch) == 0
+    )
     assert json.loads((run / "config.json").read_text())["analysis"]["seed"] == 1
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
