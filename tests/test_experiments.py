@@ -219,6 +219,20 @@ def test_zuo2025_probes_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert "## Verdict" in text and "Overall:" in text
     assert (out / "probes.png").stat().st_size > 0
 
+    # --models: the same numbers from the trained part's models, without training them again
+    trained = tmp_path / "zuo-trained"
+    reproduce(["zuo2025", "--part", "trained", "--out", str(trained)], monkeypatch)
+    reused = tmp_path / "zuo-probes-reused"
+    args = ["zuo2025", "--part", "probes", "--models", str(trained), "--out", str(reused)]
+    reproduce(args, monkeypatch)
+    assert not (reused / "runs").exists()
+    pd.testing.assert_frame_equal(pd.read_parquet(reused / "probes.parquet"), probes)
+    for bad in (["--seed", "1"], ["--part", "trained"]):
+        with pytest.raises(SystemExit) as info:
+            reproduce([*args, *bad, "--out", str(tmp_path / "no")], monkeypatch)
+        assert info.value.code == 2
+    assert not (tmp_path / "no").exists()
+
 
 # ------------------------------------------------------------------------ paper scale
 

@@ -1084,6 +1084,13 @@ def reproduce(
             "models are kept, an interrupted one continues from its checkpoint"
         ),
     ] = False,
+    models: Annotated[
+        Path | None,
+        typer.Option(
+            help="zuo2025 probes: take the NoPE models from this finished `--part trained` run "
+            "(same --scale, --seed, --device) instead of training them again"
+        ),
+    ] = None,
 ) -> None:
     """Reproduce a paper's results at a chosen scale, with figures and a markdown summary."""
     from nopelab.experiments import EXPERIMENTS
@@ -1112,13 +1119,21 @@ def reproduce(
         raise UserError("--resume: give the run folder with --out (and no --force)")
     out = out or default_out(f"{paper}-{part}-{scale}")
     settings = runner.settings(scale, seed, device)  # validates before any output exists
+    if models is not None:
+        if (paper, part) != ("zuo2025", "probes"):
+            raise UserError("--models: only for zuo2025 --part probes")
+        from nopelab.experiments.zuo2025_probes import reuse_models
+
+        settings = reuse_models(settings, models)
     if not runner.resumable:
         with staged_run(out, force, (), command="reproduce") as staging:
             runner.run(settings, staging)
         typer.echo(f"wrote {out}; see {out / 'summary.md'}")
         return
     marker = {"paper": paper, "part": part, "scale": scale, "seed": seed, "device": device}
-    with resumable_run(out, marker, resume, force) as folder:
+    if models is not None:
+        marker["models"] = str(settings.models)
+    with resumable_run(out, marker, resume, force, _inputs(models)) as folder:
         try:
             runner.run(settings, folder)
         except KeyboardInterrupt:
@@ -1138,6 +1153,7 @@ def reproduce(
                     "--out",
                     str(out),
                     "--resume",
+                    *(["--models", str(models)] if models is not None else []),
                 ]
             )
             typer.echo(
@@ -1183,7 +1199,8 @@ def _run() -> None:
         code = app(standalone_mode=False)  # typer turns Ctrl-C inside a command into 130
         if code == 130:
             typer.echo(INTERRUPTED, err=True)
-        sys.exit(code or 0)
+        if code:
+            sys.exit(code)
     except UserError as exc:
         typer.echo(f"nopelab: error: {exc}", err=True)
         sys.exit(2)

@@ -244,7 +244,9 @@ MARKER = "reproduction.json"  # what a resumable run folder holds while it is be
 
 
 @contextmanager
-def resumable_run(out: Path, marker: dict[str, Any], resume: bool, force: bool) -> Iterator[Path]:
+def resumable_run(
+    out: Path, marker: dict[str, Any], resume: bool, force: bool, inputs: Sequence[Path] = ()
+) -> Iterator[Path]:
     """Yield ``out`` itself as the folder to write into, for work that can be continued.
 
     A new run starts from an empty (or, with ``force``, replaced) folder and records ``marker``
@@ -257,7 +259,7 @@ def resumable_run(out: Path, marker: dict[str, Any], resume: bool, force: bool) 
         if resume:
             _check_resumable(out, marker)
         else:
-            with staged_run(out, force, command="reproduce") as staging:
+            with staged_run(out, force, inputs, command="reproduce") as staging:
                 write_json(staging / MARKER, marker)
         yield out
 

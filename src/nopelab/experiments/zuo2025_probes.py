@@ -25,13 +25,14 @@ import pandas as pd
 from nopelab import plots, signals, tasks
 from nopelab.analysis import build_model, resolve_device
 from nopelab.config import AnalysisConfig, ProbeConfig
+from nopelab.errors import UserError
 from nopelab.experiments import zuo2025_trained
-from nopelab.experiments.trained import train_many
+from nopelab.experiments.trained import train_into, train_many
 from nopelab.model import Transformer
 from nopelab.probing import probe_model, vocab_halves
 from nopelab.report import markdown_table
 from nopelab.rundir import write_json
-from nopelab.train import TrainRun, load_trained
+from nopelab.train import TrainRun, load_trained, read_run
 
 FEATURES = ("raw", "norm", "variance", "cos_last", "cos_row", "norm+cos_last")
 TARGETS = ("position", "distance")
@@ -52,6 +53,26 @@ class Settings:
     analysis: AnalysisConfig
     workers: int  # parallel training processes
     probes: dict[str, ProbeConfig]  # target -> probe settings
+    models: Path | None = None  # a finished `--part trained` run whose NoPE models to reuse
+
+
+def reuse_models(settings: Settings, models: Path) -> Settings:
+    """The same settings, taking the NoPE models from ``models`` (a finished ``zuo2025 --part
+    trained`` run) instead of training them again: each must be there, finished, and trained
+    with exactly the settings this part would use (same scale, seed and device)."""
+    for task, run in settings.runs.items():
+        folder = models / "runs" / f"{task}-none"
+        if not (folder / "summary.json").is_file():
+            raise UserError(
+                f"--models: {folder} holds no finished model; give the folder of a finished "
+                "`nopelab reproduce zuo2025 --part trained` run"
+            )
+        if read_run(folder) != run:
+            raise UserError(
+                f"--models: {folder} was trained with other settings; use a `--part trained` "
+                "run of the same --scale, --seed and --device"
+            )
+    return dataclasses.replace(settings, models=models.absolute())
 
 
 def settings(scale: str, seed: int, device: str) -> Settings:
@@ -222,6 +243,12 @@ def verdict_text(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _reused(settings: Settings) -> str:
+    if settings.models is None:
+        return ""
+    return f" The models were taken from `{settings.models}` (`--models`), not trained again."
+
+
 def run(settings: Settings, out: Path) -> None:
     first = next(iter(settings.runs.values()))
     # every task's model starts from the same weights (same config, same seed)
@@ -229,7 +256,10 @@ def run(settings: Settings, out: Path) -> None:
     accuracy = []
     names = {task: f"{task}-none" for task in settings.runs}
     runs = {names[task]: run for task, run in settings.runs.items()}
-    trained = train_many(runs, out, settings.workers)
+    if settings.models is None:
+        trained = train_many(runs, out, settings.workers)
+    else:
+        trained = {name: train_into(name, runs[name], settings.models) for name in runs}
     for task in settings.runs:
         folder, summary = trained[names[task]]
         accuracy.append({"task": task, "accuracy": summary["final_eval"]["accuracy"]})
@@ -283,7 +313,7 @@ middle (≈ T/4 = {a.seq_len / 4:g}). Features: `raw` (the vector), `norm` (log 
 `variance` (log variance over coordinates; Chi et al.), `cos_last` (cosine to the last token;
 Zuo et al.), `cos_row` (the token's sorted cosine row), `norm+cos_last`.
 
-Task accuracy of the trained models (exact match): {accuracies}.
+Task accuracy of the trained models (exact match): {accuracies}.{_reused(settings)}
 
 ## Verdict
 
