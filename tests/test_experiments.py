@@ -13,10 +13,12 @@ import torch
 
 from nopelab.cli import main
 from nopelab.config import ModelConfig, RunConfig, TrainConfig
+from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS, zuo2025_trained
 from nopelab.experiments import trained as trained_module
 from nopelab.experiments.trained import analyze_trained, train_into, train_many
 from nopelab.model import Transformer
+from nopelab.rundir import write_marker
 from nopelab.tasks import TaskConfig
 from nopelab.train import TrainRun, train
 
@@ -293,10 +295,15 @@ def test_train_into_continues_a_stopped_run_and_reads_a_finished_one(
 
     monkeypatch.setattr(trained_module, "train", no_training)
     assert train_into("a", run, tmp_path / "cut") == (folder, summary)
-    # a folder stopped before its first checkpoint starts over
+    # a run killed before its first checkpoint starts over; a folder nopelab did not write is kept
     monkeypatch.undo()
-    (tmp_path / "early" / "runs" / "b").mkdir(parents=True)
-    (tmp_path / "early" / "runs" / "b" / "config.json").write_text("{}")
+    early = tmp_path / "early" / "runs" / "b"
+    early.mkdir(parents=True)
+    (early / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="does not hold a nopelab run"):
+        train_into("b", run, tmp_path / "early")
+    assert (early / "config.json").read_text() == "{}"
+    write_marker(early, "nopelab train")
     _, summary = train_into("b", run, tmp_path / "early")
     assert summary["steps"] == 6
 

@@ -250,3 +250,26 @@ def test_sigterm_stops_a_reproduction_and_its_workers(tmp_path) -> None:
     snapshot = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
     time.sleep(3)  # the training processes were stopped too: nothing changes any more
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == snapshot
+
+
+def test_an_interrupt_swallowed_by_a_c_callback_is_delivered_again() -> None:
+    # numba's compiler calls back into Python through ctypes; an interrupt raised there is
+    # "ignored" by ctypes, and a SIGTERM during compilation used to leave the run going
+    script = """
+import ctypes, sys, time
+from nopelab import cli
+sys.unraisablehook = cli._redeliver_interrupt
+def callback():
+    raise KeyboardInterrupt
+ctypes.CFUNCTYPE(None)(callback)()
+try:
+    time.sleep(30)
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "interrupted", done.stderr
+    assert time.monotonic() - started < 25

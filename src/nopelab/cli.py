@@ -7,6 +7,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -1188,10 +1189,13 @@ def main() -> None:
     keep_freed_memory()
     # `kill`, `timeout` and job schedulers send SIGTERM: it stops a run as Ctrl-C does
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _redeliver_interrupt
     try:
         _run()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = previous_hook
 
 
 def _run() -> None:
@@ -1230,3 +1234,12 @@ INTERRUPTED = "nopelab: interrupted; nothing was written"
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def _redeliver_interrupt(unraisable: Any) -> None:
+    """An interrupt raised while C code was calling back into Python (numba compiling a kernel)
+    is swallowed there: deliver it again a moment later, back in ordinary Python code."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+    else:
+        sys.__unraisablehook__(unraisable)
