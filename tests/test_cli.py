@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +11,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import typer.main
+from typer.testing import CliRunner
 
 from conftest import run_cli
+from nopelab.cli import app
 
 TINY = [
     "--layers",
@@ -160,22 +164,24 @@ def test_config_files_and_flag_override(
 
 
 BAD = [
-    (["--pos-encoding", "fourier"], "pos_encoding"),
-    (["--init", "orthogonal"], "init"),
-    (["--d-model", "10", "--heads", "3"], "d_model"),
-    (["--init-std", "0"], "init_std"),
-    (["--init-std", "-1"], "init_std"),
-    (["--pos-encoding", "learned", "--max-seq-len", "8", "--seq-len", "10"], "seq_len"),
-    (["--input", "images"], "input"),
-    (["--sites", "attn_out,qkv"], "sites"),
+    (["--pos-encoding", "fourier"], "--pos-encoding"),
+    (["--init", "orthogonal"], "--init"),
+    (["--d-model", "10", "--heads", "3"], "--d-model"),
+    (["--init-std", "0"], "--init-std"),
+    (["--init-std", "-1"], "--init-std"),
+    (["--pos-encoding", "learned", "--max-seq-len", "8", "--seq-len", "10"], "--seq-len"),
+    (["--input", "images"], "--input"),
+    (["--sites", "attn_out,qkv"], "--sites"),
     (["--nope-layers", "1,x"], "--nope-layers"),
-    (["--nope-layers", "5", "--pos-encoding", "rope"], "nope_layers"),
+    (["--nope-layers", "5", "--pos-encoding", "rope"], "--nope-layers"),
     (["--layers", "two"], "--layers"),
+    (["--layers", "0"], "--layers"),  # the config field is n_layers; the error names the flag
+    (["--heads=0"], "--heads"),
     (
         ["--device", "cuda:0"]
         if not __import__("torch").cuda.is_available()
         else ["--device", "tpu"],
-        "device",
+        "--device",
     ),
     (["--config", "missing.toml"], "--config"),
     (["--config", "settings.ini"], "--config"),
@@ -191,8 +197,35 @@ def test_bad_input_is_one_line_exit_2(
     code = run_cli(["analyze", *TINY, *args, "--out", str(out)], monkeypatch)
     err = capsys.readouterr().err.strip()
     assert code == 2
-    assert len(err.splitlines()) == 1 and field in err, err
+    assert len(err.splitlines()) == 1 and err.startswith(f"nopelab: error: {field}"), err
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["probe", "--probe-seeds", "0"], "--probe-seeds"),
+        (["probe", "--probe-layers", "-1"], "--probe-layers"),
+        (["compare-signals", "--probe-layers", "-1"], "--probe-layers"),
+        (["reproduce", "chi2023", "--device", "gpu"], "--device"),
+    ],
+)
+def test_errors_name_the_flag_that_was_typed(
+    tmp_path: Path, args: list[str], flag: str, capsys, monkeypatch
+) -> None:
+    out = tmp_path / "run"
+    assert run_cli([*args, "--out", str(out)], monkeypatch) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"nopelab: error: {flag}"), err
+    assert not out.exists()
+
+
+def test_non_finite_activations_fail_the_run(tmp_path: Path, capsys, monkeypatch) -> None:
+    out = tmp_path / "run"  # weights of scale 1e30: their squares overflow float32
+    assert run_cli(["analyze", *TINY, "--init-std", "1e30", "--out", str(out)], monkeypatch) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "are not finite" in err, err
+    assert not out.exists()
 
 
 def test_malformed_config_file(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -268,3 +301,14 @@ def test_real_process_prints_no_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip() == "nopelab: error: d_model: 384 is not divisible by n_heads=5"
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_every_help_text_is_shown_whole() -> None:
+    # typer renders help with rich markup: an unescaped "[probe]" or "[gelu]" silently vanishes
+    for name, command in typer.main.get_command(app).commands.items():
+        shown = CliRunner().invoke(app, [name, "--help"], env={"COLUMNS": "400"}).output
+        shown = " ".join(re.sub(r"[│╭╮╰╯─]", " ", shown).split())
+        texts = [command.help or ""] + [getattr(p, "help", None) or "" for p in command.params]
+        for text in texts:
+            first = text.split("\n\n")[0]  # the docstring's first paragraph
+            assert " ".join(first.replace("\\[", "[").split()) in shown, (name, text)

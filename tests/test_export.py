@@ -137,7 +137,9 @@ def text_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_cli_exports_a_trained_run(text_run: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     out = tmp_path / "hf"
     assert run_cli(["export", str(text_run), "--out", str(out), "--seed", "3"], monkeypatch) == 0
-    assert capsys.readouterr().out.strip() == f"wrote {out} (smollm3)"
+    printed = capsys.readouterr()
+    assert printed.out.strip() == f"wrote {out} (smollm3)"
+    assert "shards" not in printed.err  # no transformers progress bar
     assert (out / "nopelab_tokenizer.json").read_text() == (text_run / "tokenizer.json").read_text()
     readme = (out / "README.md").read_text()
     assert f'from_pretrained("{out}")' in readme and "tokenizer_from_json" in readme

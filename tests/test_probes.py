@@ -270,6 +270,17 @@ def test_probe_command_writes_a_documented_run(tmp_path: Path, monkeypatch) -> N
     assert pd.read_parquet(out / "probes.parquet").equals(pd.read_parquet(again / "probes.parquet"))
 
 
+@pytest.mark.parametrize("probe", ["linear-cls", "linear-reg"])
+def test_a_probe_run_with_one_kind_of_probe(probe: str, tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "probe"
+    args = ["probe", "--d-model", "16", "--layers", "1", "--heads", "2", "--seq-len", "8",
+            "--samples", "16", "--input", "tokens", "--features", "raw", "--sites", "embed",
+            "--probes", probe, "--epochs", "2", "--out", str(out)]  # fmt: skip
+    assert run_cli(args, monkeypatch) == 0
+    table = (out / "summary.md").read_text().split("## Probes", 1)[1]
+    assert f"| {probe} |" in table and "nan ±" not in table
+
+
 def test_compare_signals_on_a_trained_run(tmp_path: Path, monkeypatch) -> None:
     run = TrainRun(
         model=ModelConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=64),
@@ -293,7 +304,7 @@ def test_compare_signals_on_a_trained_run(tmp_path: Path, monkeypatch) -> None:
     "args, message",
     [
         (["--features", "raw,spin"], "features: unknown value 'spin'"),
-        (["--probe-layers", "7"], "probe.layers: layer 7 does not exist"),
+        (["--probe-layers", "7"], "--probe-layers: layer 7 does not exist"),
         (["--split", "vocab"], "split: vocab builds sequences from token ids"),
         (["--sites", "attn"], "sites: unknown value 'attn'"),
         (["--samples", "2"], "samples:"),

@@ -13,11 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import run_cli
 from nopelab import checkpoint
-from nopelab.rundir import RUN_MARKER
+from nopelab.rundir import RUN_MARKER, write_json
 
 TINY = ["--layers", "1", "--heads", "2", "--d-model", "16", "--seq-len", "8", "--samples", "4",
         "--batch-size", "2", "--device", "cpu"]  # fmt: skip
@@ -273,3 +274,13 @@ except KeyboardInterrupt:
     )
     assert done.stdout.strip() == "interrupted", done.stderr
     assert time.monotonic() - started < 25
+
+
+def test_run_files_are_strict_json(tmp_path: Path) -> None:
+    data = {"speed": float("nan"), "rows": [np.float32("inf"), 1.5, (2, None)], "ids": np.arange(2)}
+    write_json(tmp_path / "a.json", data)
+    text = (tmp_path / "a.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"speed": None, "rows": [None, 1.5, [2, None]], "ids": [0, 1]}
+    with pytest.raises(TypeError, match="set"):
+        write_json(tmp_path / "b.json", {"x": {1}})

@@ -28,7 +28,14 @@ from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
 from nopelab.errors import UserError
 from nopelab.model import Transformer
 from nopelab.tasks import TaskConfig
-from nopelab.train import TrainRun, autocast_for, learning_rate, make_optimizer, train
+from nopelab.train import (
+    TrainRun,
+    autocast_for,
+    learning_rate,
+    load_trained,
+    make_optimizer,
+    train,
+)
 
 TINY_MODEL = ModelConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=64)
 COPY = TaskConfig(name="copy", max_len=5, train_size=2000, test_size=100)
@@ -388,12 +395,12 @@ def test_cli_zuo_protocol_and_its_bad_input(
     assert (config["input"], config["seq_len"]) == ("prompts", 9)  # "$999+999=" fits
     capsys.readouterr()
     bad = [
-        ([*analyze, "--seq-len", "8"], "seq_len"),  # shorter than the longest prompt
+        ([*analyze, "--seq-len", "8"], "--seq-len"),  # shorter than the longest prompt
         (["analyze", "--input", "prompts", "--layers", "1"], "--input"),  # no task run
-        ([*args, "--format", "lee"], "format"),
-        ([*args, "--loss-mode", "prompt"], "loss_mode"),
-        ([*args, "--layout", "stacked"], "layout"),
-        (["train", "--task", "copy", "--format", "zuo", *TINY_TRAIN], "format"),
+        ([*args, "--format", "lee"], "--format"),
+        ([*args, "--loss-mode", "prompt"], "--loss-mode"),
+        ([*args, "--layout", "stacked"], "--layout"),
+        (["train", "--task", "copy", "--format", "zuo", *TINY_TRAIN], "--format"),
     ]
     for argv, field in bad:
         target = tmp_path / "bad"
@@ -421,14 +428,14 @@ def test_cli_text_run_then_analyze(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--task", "multiply"], "task: unknown value 'multiply'"),
+        (["--task", "multiply"], "--task: unknown value 'multiply'"),
         (["--corpus", "/no/such/file.txt"], "--corpus: no such file or folder"),
         (["--task", "add", "--corpus", "default"], "exactly one of a task"),
         ([], "--task or --corpus"),
-        (["--task", "add", "--steps", "0"], "steps: must be > 0"),
-        (["--task", "add", "--lr", "-1"], "lr: must be > 0"),
-        (["--task", "add", "--vocab-size", "50"], "vocab_size"),
-        (["--task", "reverse", "--seq-len", "8"], "seq_len: must hold a whole line"),
+        (["--task", "add", "--steps", "0"], "--steps: must be > 0"),
+        (["--task", "add", "--lr", "-1"], "--lr: must be > 0"),
+        (["--task", "add", "--vocab-size", "50"], "--vocab-size: tasks use"),
+        (["--task", "reverse", "--seq-len", "8"], "--seq-len: must hold a whole line"),
         (["--task", "add", "--resume", "--force"], "--resume and --force"),
     ],
 )
@@ -442,6 +449,64 @@ def test_bad_train_input_is_one_line_exit_2(
     assert message in err, err
     assert len(err.strip().splitlines()) == 1
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("checkpoint_every", "failure"),
+    [("2", "step 4: the loss is nan"), ("1", "step 3: the weights are no longer finite")],
+)
+def test_a_diverged_run_fails_and_keeps_its_last_finite_checkpoint(
+    checkpoint_every: str, failure: str, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import nopelab.train as training
+
+    schedule = training.learning_rate  # an infinite step size from the third step on
+    monkeypatch.setattr(
+        training, "learning_rate", lambda cfg, step: schedule(cfg, step) if step < 2 else math.inf
+    )
+    out = tmp_path / "run"
+    args = ["train", "--task", "copy", "--max-len", "5", "--train-size", "200", "--test-size",
+            "10", *TINY_TRAIN, "--checkpoint-every", checkpoint_every, "--out", str(out)]  # fmt: skip
+    assert run_cli(args, monkeypatch) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after a line per evaluation
+    assert err.startswith("nopelab: error:") and failure in err and "diverged" in err, err
+    assert err.endswith("the checkpoint of step 2 is kept")
+    assert not (out / "summary.json").exists()
+    _, model = load_trained(out)  # refuses non-finite weights
+    assert json.loads((out / "trainer_state.json").read_text())["step"] == 2
+    assert all(p.isfinite().all() for p in model.parameters())
+
+
+def test_a_run_diverging_before_its_first_checkpoint_leaves_nothing(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import nopelab.train as training
+
+    monkeypatch.setattr(training, "learning_rate", lambda cfg, step: math.inf)
+    out = tmp_path / "run"
+    args = ["train", "--task", "copy", "--max-len", "5", "--train-size", "200", "--test-size",
+            "10", *TINY_TRAIN, "--out", str(out)]  # fmt: skip
+    assert run_cli(args, monkeypatch) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith("no checkpoint yet: nothing was kept"), err
+    assert not out.exists()
+
+
+def test_non_finite_weights_are_refused(tmp_path: Path, capsys, monkeypatch) -> None:
+    out = tmp_path / "run"
+    train(tiny_run(steps=2), out, progress=False)
+    run, model = load_trained(out)
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = math.nan
+    optimizer = make_optimizer(model, run.train, torch.device("cpu"))
+    save_checkpoint(out, model, optimizer, {"step": 2, "train_seconds": 0.0})  # hashes agree
+    with pytest.raises(UserError, match="non-finite weights"):
+        load_trained(out)
+    for command in (["analyze", str(out)], ["export", str(out)]):
+        assert run_cli([*command, "--out", str(tmp_path / "o")], monkeypatch) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "non-finite weights" in err, err
+        assert not (tmp_path / "o").exists()
 
 
 def test_bad_corpus_files(tmp_path: Path, capsys, monkeypatch) -> None:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from nopelab.capture import CaptureResult, StreamingCapture
-from nopelab.config import AnalysisConfig, ModelConfig
+from nopelab.config import AnalysisConfig, ModelConfig, check_device
 from nopelab.errors import ConfigError
 from nopelab.model import Transformer
 
@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when present; an unavailable device is a user error."""
+    """``auto`` picks CUDA when present; an unknown or unavailable device is a user error."""
+    check_device(name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():

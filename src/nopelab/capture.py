@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from nopelab.config import BLOCK_SITES, DEFAULT_SITES, SITES
-from nopelab.errors import ConfigError
+from nopelab.errors import ConfigError, RunFailed
 from nopelab.model import Transformer
 from nopelab.stats import AttentionResult, AttentionStats, SiteResult, SiteStats
 
@@ -122,6 +122,14 @@ class StreamingCapture:
         self._handles.clear()
 
     def result(self) -> CaptureResult:
+        """The reduced statistics; non-finite activations (an overflow, broken weights) are a
+        :class:`~nopelab.errors.RunFailed` naming the first site where they appeared."""
+        for (site, layer), stats in self.stats.items():
+            if not stats.finite():
+                raise RunFailed(
+                    f"the activations at {site} layer {layer} are not finite (NaN or inf): "
+                    "check the weights and --init-std, or analyse in --dtype float32"
+                )
         return CaptureResult(
             sites={key: stats.result() for key, stats in self.stats.items()},
             attention={layer: stats.result() for layer, stats in self.attention.items()},

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from nopelab.allocator import keep_freed_memory
-from nopelab.errors import UserError
+from nopelab.errors import RunFailed, UserError
 from nopelab.rundir import is_disk_full
 
 app = typer.Typer(
@@ -109,7 +109,7 @@ Dropout = Annotated[
 ]
 Mlp = Annotated[
     str | None,
-    typer.Option(help="gelu | swiglu (Llama-style gated) [gelu]", rich_help_panel=MODEL),
+    typer.Option(help="gelu | swiglu (Llama-style gated) \\[gelu]", rich_help_panel=MODEL),
 ]
 Out = Annotated[
     Path | None, typer.Option(help="Run directory \\[runs/NAME-TIMESTAMP]", rich_help_panel=OUTPUT)
@@ -694,6 +694,9 @@ def train(
     except KeyboardInterrupt:
         typer.echo(f"nopelab: interrupted; {_kept_checkpoint(out)}", err=True)
         sys.exit(130)
+    except RunFailed as exc:
+        typer.echo(f"nopelab: error: {exc}; {_kept_checkpoint(out, hint=False)}", err=True)
+        sys.exit(1)
     if summary is not None and int(os.environ.get("RANK", "0")) == 0:
         typer.echo(
             f"final evaluation: {_format_metrics(summary['final_eval'])}; "
@@ -702,14 +705,18 @@ def train(
         typer.echo(f"wrote {out}")
 
 
-def _kept_checkpoint(out: Path) -> str:
-    """What an interrupted training run kept, and how to continue it."""
+def _kept_checkpoint(out: Path, hint: bool = True) -> str:
+    """What a stopped training run kept, and (``hint``) how to continue it."""
     from nopelab.checkpoint import STATE_FILE, read_state
 
     if not (out / STATE_FILE).is_file():
         return "no checkpoint yet: nothing was kept"
-    again = shlex.join(["nopelab", "train", "--resume", "--out", str(out)])
-    return f"the checkpoint of step {read_state(out)['step']} is kept: continue with {again}"
+    kept = f"the checkpoint of step {read_state(out)['step']} is kept"
+    if not hint:
+        return kept
+    return (
+        f"{kept}: continue with {shlex.join(['nopelab', 'train', '--resume', '--out', str(out)])}"
+    )
 
 
 def _corpus_vocab(corpus: dict[str, Any]) -> int:
@@ -959,7 +966,7 @@ def intervene(
         Path | None,
         typer.Option(
             "--config",
-            help="TOML, YAML or JSON with [intervention], [analysis] and [probe] tables; flags override it.",
+            help="TOML, YAML or JSON with \\[intervention], \\[analysis] and \\[probe] tables; flags override it.",
             rich_help_panel=OUTPUT,
         ),
     ] = None,
@@ -1119,6 +1126,9 @@ def reproduce(
     if resume and (out is None or force):
         raise UserError("--resume: give the run folder with --out (and no --force)")
     out = out or default_out(f"{paper}-{part}-{scale}")
+    from nopelab.analysis import resolve_device
+
+    resolve_device(device)
     settings = runner.settings(scale, seed, device)  # validates before any output exists
     if models is not None:
         if (paper, part) != ("zuo2025", "probes"):
@@ -1206,8 +1216,11 @@ def _run() -> None:
         if code:
             sys.exit(code)
     except UserError as exc:
-        typer.echo(f"nopelab: error: {exc}", err=True)
+        typer.echo(f"nopelab: error: {_as_typed(exc)}", err=True)
         sys.exit(2)
+    except RunFailed as exc:
+        typer.echo(f"nopelab: error: {exc}", err=True)
+        sys.exit(1)
     except typer.Abort:
         typer.echo("nopelab: aborted", err=True)
         sys.exit(130)
@@ -1215,6 +1228,10 @@ def _run() -> None:
         sys.exit(exc.exit_code)
     except typer.TyperException as exc:  # usage errors from the parser (unknown flag, bad int)
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        opts = getattr(getattr(exc, "param", None), "opts", None)
+        if opts and message and getattr(exc, "message", None):  # a flag's value: name the flag
+            typed = [o for o in opts if any(a == o or a.startswith(f"{o}=") for a in sys.argv)]
+            message = f"{(typed or opts)[0]}: {exc.message[0].lower()}{exc.message[1:]}"
         if message:  # empty when the parser has already printed the help instead
             typer.echo(f"nopelab: error: {message}", err=True)
         sys.exit(getattr(exc, "exit_code", 2))
@@ -1230,6 +1247,30 @@ def _run() -> None:
 
 
 INTERRUPTED = "nopelab: interrupted; nothing was written"
+
+# config fields set by a flag of another name: everywhere, and per command
+RENAMED = {"n_layers": "layers", "n_heads": "heads", "seeds": "probe_seeds"}
+RENAMED_IN = {
+    "probe": {"layers": "probe_layers"},
+    "compare-signals": {"layers": "probe_layers"},
+    "intervene": {"layers": "at_layers"},
+}
+
+
+def _as_typed(exc: UserError) -> str:
+    """The error, naming the flag the user typed (``--layers``) rather than the config field it
+    sets (``n_layers``); a value that came from a config file keeps the field's name."""
+    from nopelab.errors import ConfigError
+
+    argv = sys.argv[1:]
+    if not isinstance(exc, ConfigError) or not argv:
+        return str(exc)
+    field = exc.field.rsplit(".", 1)[-1]
+    name = RENAMED_IN.get(argv[0], {}).get(field) or RENAMED.get(field, field)
+    flag = "--" + name.replace("_", "-")
+    if any(arg == flag or arg.startswith(f"{flag}=") for arg in argv):
+        return f"{flag}: {exc.message}"
+    return str(exc)
 
 
 def _interrupt(signum: int, frame: object) -> None:

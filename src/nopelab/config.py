@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +80,8 @@ def _check_types(obj: Any) -> None:
             continue
         if (isinstance(value, bool) and hint is not bool) or not isinstance(value, expected):
             raise ConfigError(f.name, f"expected {hint.__name__}, got {value!r}")
+        if hint is float and not math.isfinite(value):
+            raise ConfigError(f.name, f"must be a finite number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -184,7 +188,7 @@ class AnalysisConfig:
         _choice("input", self.input, INPUTS)
         _choice("dtype", self.dtype, DTYPES)
         _choices("sites", self.sites, SITES)
-        _check_device(self.device)
+        check_device(self.device)
 
     def check_model(self, model: ModelConfig) -> None:
         """Reject combinations that the model cannot run."""
@@ -311,7 +315,7 @@ class TrainConfig:
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)!r}")
         _choice("precision", self.precision, PRECISIONS)
-        _check_device(self.device)
+        check_device(self.device)
 
 
 @dataclass(frozen=True)
@@ -335,8 +339,8 @@ class CorpusConfig:
             raise ConfigError("val_fraction", f"must be in (0, 1), got {self.val_fraction!r}")
 
 
-def _check_device(device: str) -> None:
-    if device != "auto" and not device.startswith(("cpu", "cuda", "mps")):
+def check_device(device: str) -> None:
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", device):
         raise ConfigError("device", f"unknown device {device!r}; allowed: auto, cpu, cuda[:N], mps")
 
 

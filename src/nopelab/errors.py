@@ -14,3 +14,8 @@ class ConfigError(UserError):
 
     def __reduce__(self) -> tuple:  # picklable, so it can come back from a worker process
         return type(self), (self.field, self.message)
+
+
+class RunFailed(Exception):
+    """A run that started but could not finish (a diverged loss, non-finite activations).
+    The CLI prints it on one line and exits with status 1."""

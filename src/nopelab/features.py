@@ -28,6 +28,7 @@ from torch import Tensor
 
 from nopelab.capture import SiteKey, observe
 from nopelab.config import feature_names
+from nopelab.errors import RunFailed
 from nopelab.model import Transformer
 
 ROW_QUANTILES = 32
@@ -112,6 +113,11 @@ def collect(
                 shapes = {key: (samples, seq_len, current[key].shape[-1]) for key in keys}
                 store = Activations(shapes, memory_gb)
             for key in keys:
+                if not current[key].isfinite().all():
+                    raise RunFailed(
+                        f"the activations at {key[0]} layer {key[1]} are not finite (NaN or "
+                        "inf): check the weights and --init-std, or probe in --dtype float32"
+                    )
                 store.arrays[key][row : row + n] = current[key].float().cpu().numpy()
             row += n
             if advance is not None:

@@ -31,12 +31,16 @@ def readable(rows: pd.DataFrame) -> pd.DataFrame:
     columns = [c for c in [*LABELS, "site", "layer", "features", "probe"] if c in rows]
     table = rows[columns].copy()
     regression = rows["probe"].str.endswith("reg")
-    metric = rows["mae"].where(regression, rows.get("mad"))
-    spread = rows["mae_std"].where(regression, rows.get("mad_std"))
+
+    def pick(if_regression: str, if_classifier: str) -> pd.Series:
+        # a run with only classifiers (or only regressors) has no column for the other kind
+        missing = pd.Series(float("nan"), index=rows.index)
+        return rows.get(if_regression, missing).where(regression, rows.get(if_classifier, missing))
+
+    metric, spread = pick("mae", "mad"), pick("mae_std", "mad_std")
     table["error (MAE/MAD)"] = [f"{m:.3g} ± {s:.2g}" for m, s in zip(metric, spread, strict=True)]
     table["baseline"] = rows["baseline"].round(3)
-    other = rows["r"].where(regression, rows.get("accuracy"))
-    table["r / accuracy"] = other.round(3)
+    table["r / accuracy"] = pick("r", "accuracy").round(3)
     return table
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -283,10 +284,19 @@ def _check_resumable(out: Path, marker: dict[str, Any]) -> None:
 
 
 def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
+    """Write strict JSON: NaN and infinities (e.g. a speed with no time measured) become null."""
+    path.write_text(json.dumps(_jsonable(data), indent=2, allow_nan=False) + "\n")
 
 
 def _jsonable(value: Any) -> Any:
-    if hasattr(value, "tolist"):
-        return value.tolist()
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int)):
+        return value
+    if hasattr(value, "tolist"):  # numpy and torch scalars and arrays
+        return _jsonable(value.tolist())
     raise TypeError(f"cannot write {type(value).__name__} as JSON")

@@ -105,6 +105,10 @@ class SiteStats:
         self.norm_signed.update(by_norm.signed)
         self.norm_score_zuo.update(norm_score_zuo(norms))
 
+    def finite(self) -> bool:
+        """Whether every activation seen so far was finite (a NaN or inf reaches these sums)."""
+        return bool(self.norm_sum.isfinite().all() and self.variance_sum.isfinite().all())
+
     def result(self) -> SiteResult:
         n = max(self.samples, 1)
         return SiteResult(

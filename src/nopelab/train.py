@@ -44,7 +44,7 @@ from nopelab import __version__
 from nopelab.analysis import progress_bar, resolve_device
 from nopelab.checkpoint import STATE_FILE, load_checkpoint, read_state, save_checkpoint
 from nopelab.config import CorpusConfig, ModelConfig, TrainConfig, build
-from nopelab.errors import ConfigError, UserError
+from nopelab.errors import ConfigError, RunFailed, UserError
 from nopelab.model import Transformer
 from nopelab.plots import training_curves
 from nopelab.rundir import (
@@ -388,6 +388,10 @@ def _train(
             loss, grad_norm = _update(
                 train_model, optimizer, idx, targets, n_targets, cfg, autocast
             )
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                raise _diverged(
+                    label, step + 1, f"the loss is {loss:g} and the gradient norm {grad_norm:g}"
+                )
             seconds = time.perf_counter() - tick
             segment_seconds += seconds
             tokens += idx.numel() * world_size()
@@ -420,6 +424,9 @@ def _train(
                         final_eval = result
                 _barrier()
             if done % cfg.checkpoint_every == 0 or final or done == end:
+                # every process holds the same weights: all of them stop together
+                if not all(bool(p.isfinite().all()) for p in model.parameters()):
+                    raise _diverged(label, done, "the weights are no longer finite")
                 if main_process:
                     save_checkpoint(
                         out,
@@ -454,6 +461,13 @@ def _train(
     return summary
 
 
+def _diverged(label: str, step: int, what: str) -> RunFailed:
+    where = "" if label == "train" else f"{label}: "
+    return RunFailed(
+        f"{where}step {step}: {what}: training diverged (lower --lr, raise --warmup or --grad-clip)"
+    )
+
+
 def _update(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -477,12 +491,14 @@ def _update(
     (loss_sum * world_size() / max(n_targets, 1)).backward()
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
     grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), max_norm))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
     loss_sum = loss_sum.detach()
     if dist.is_initialized():
         dist.all_reduce(loss_sum)
-    return float(loss_sum) / max(n_targets, 1), grad_norm
+    loss = float(loss_sum) / max(n_targets, 1)
+    if math.isfinite(loss) and math.isfinite(grad_norm):  # else the caller stops the run
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss, grad_norm
 
 
 def run_source_batch(
@@ -513,4 +529,7 @@ def load_trained(out: Path, device: torch.device | None = None) -> tuple[TrainRu
         raise UserError(f"run: {out} holds no checkpoint yet")
     model = Transformer(run.model)
     load_checkpoint(out, model)
+    for name, weight in model.state_dict().items():
+        if not weight.isfinite().all():
+            raise UserError(f"run: {out} holds non-finite weights (NaN or inf) in {name}")
     return run, model.to(device or "cpu").eval()

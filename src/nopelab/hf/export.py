@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import transformers
 from torch import Tensor
+from transformers.utils import logging as hf_logging
 
 from nopelab.config import ModelConfig
 from nopelab.errors import ConfigError
@@ -220,7 +221,13 @@ def export(model: Transformer, out: Path, seed: int = 0) -> transformers.PreTrai
             f"export: the {hf.config.model_type} model's logits differ from the native model's "
             f"by {difference:.3g} (relative; allowed {TOLERANCE:g})"
         )
-    hf.save_pretrained(out)
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a bar for one small file is noise (junk in a log file)
+    try:
+        hf.save_pretrained(out)
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
     return hf
 
 
