@@ -296,16 +296,16 @@ def test_cli_analyze_hf(tmp_path, llama_dir, monkeypatch):
     ("args", "message"),
     [
         (["--layers", "3"], "--layers: a trained or Hugging Face model fixes the model"),
-        (["--input", "data", "--seq-len", "16"], "input: data needs the model's tokenizer"),
-        (["--seq-len", "200"], "seq_len: 200 exceeds the model's 128 positions"),
-        (["--max-layers", "0"], "max_layers: must be >= 1"),
-        (["--attn-entropy"], "attn_entropy: needs attention logits"),
+        (["--input", "data", "--seq-len", "16"], "--input: data needs the model's tokenizer"),
+        (["--seq-len", "200"], "--seq-len: 200 exceeds the model's 128 positions"),
+        (["--max-layers", "0"], "--max-layers: must be >= 1"),
+        (["--attn-entropy"], "--attn-entropy: needs attention logits"),
         (
             ["--input", "tokens", "--seq-len", "16", "--rope-off", "9"],
-            "rope_off: layer 9 is outside 1..4",
+            "--rope-off: layer 9 is outside 1..4",
         ),
         (["--rope-off", "x"], "--rope-off: expected comma-separated layer numbers"),
-        (["--sites", "attn"], "sites: unknown value 'attn'"),
+        (["--sites", "attn"], "--sites: unknown value 'attn'"),
     ],
 )
 def test_cli_analyze_hf_errors(tmp_path, llama_dir, args, message, monkeypatch, capsys):

@@ -130,5 +130,9 @@ def test_bpe_cache_dir_from_environment(tmp_path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_bpe_too_small_corpus(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="bpe_vocab: the corpus yields only"):
-        get_tokenizer("bpe", "abc abc", vocab_size=4096, cache_dir=tmp_path)
+    # "abc abc": merges a+b, ab+c and the space's; 7 bytes could allow at most 256 + 7 tokens
+    with pytest.raises(ConfigError, match="bpe_vocab: the corpus yields only 259 BPE tokens"):
+        get_tokenizer("bpe", "abc abc", vocab_size=260, cache_dir=tmp_path)
+    with pytest.raises(ConfigError, match="bpe_vocab: a corpus of 7 bytes yields at most 263"):
+        get_tokenizer("bpe", "abc abc", vocab_size=4096, cache_dir=tmp_path)  # before training
+    assert not (tmp_path / "tokenizers").exists()

@@ -309,6 +309,7 @@ def _model_and_analysis(
     analysis_defaults: dict[str, Any] | None = None,
     sections: tuple[str, ...] = ("model", "analysis"),
     hf_flags: dict[str, Any] | None = None,
+    statistics: bool = True,
 ) -> tuple[Any, Any, Any]:
     """The model to study and the validated [model]+[analysis] settings: a training run's
     checkpoint (default input: its held-out data), a Hugging Face model (``hf:PATH``; default
@@ -316,11 +317,13 @@ def _model_and_analysis(
 
     Returns ``(config, model, source)``: a RunConfig (an HFRun for hf:), the model, and the data
     source when input is ``data``. ``data`` (from a config file) may hold the other ``sections``;
-    they are left for the caller.
+    they are left for the caller. ``statistics``: whether the T x T statistics will be
+    reduced (analyze), for the memory check.
     """
     from nopelab.analysis import build_model
     from nopelab.config import RunConfig
     from nopelab.errors import ConfigError
+    from nopelab.limits import check_analysis
 
     unknown = set(data) - set(sections)
     if unknown:
@@ -377,6 +380,7 @@ def _model_and_analysis(
             section.setdefault("input", "data")
         _merge(settings, "analysis", analysis_flags)
         cfg = RunConfig.from_dict(settings)
+        check_analysis(cfg.model, cfg.analysis, statistics)
         if cfg.analysis.input in ("data", "prompts"):
             source = make_source(run, run_dir)
     else:
@@ -387,6 +391,7 @@ def _model_and_analysis(
             raise UserError(
                 f"--input: {cfg.analysis.input} needs a training run directory; use random or tokens"
             )
+        check_analysis(cfg.model, cfg.analysis, statistics)
         model = build_model(cfg.model, cfg.analysis.seed)
     return cfg, model, source
 
@@ -824,7 +829,7 @@ def probe(
     cfg, model, source = _model_and_analysis(
         run_dir, data, _model_flags(arguments), _analysis_flags(arguments),
         {"sites": ["embed", "resid_post"]}, PROBE_SECTIONS,
-        hf_flags={name: arguments[name] for name in HF_FLAGS},
+        hf_flags={name: arguments[name] for name in HF_FLAGS}, statistics=False,
     )  # fmt: skip
     probe_cfg = _probe_settings(data, _probe_flags(arguments))
     with staged_run(out, force, _inputs(run_dir), command="probe") as staging:
@@ -926,6 +931,7 @@ def compare_signals(
         cfg, model, source = _model_and_analysis(
             run_dir, {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()},
             _model_flags(arguments), _analysis_flags(arguments), defaults, PROBE_SECTIONS,
+            statistics=False,
         )  # fmt: skip
         if run_dir is None:
             models.append(("random-init", "init", model, cfg, source))

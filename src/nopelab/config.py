@@ -70,6 +70,11 @@ def _as_tuple(name: str, value: Any) -> tuple:
     return tuple(value)
 
 
+MAX_INT = 2**31 - 1  # counts, sizes and lengths
+MAX_SEED = 2**63 - 1
+MAX_BPE_VOCAB = 2**20
+
+
 def _check_types(obj: Any) -> None:
     """Reject values of the wrong type (e.g. a string where an int belongs)."""
     hints = get_type_hints(type(obj))
@@ -80,6 +85,9 @@ def _check_types(obj: Any) -> None:
             continue
         if (isinstance(value, bool) and hint is not bool) or not isinstance(value, expected):
             raise ConfigError(f.name, f"expected {hint.__name__}, got {value!r}")
+        limit = MAX_SEED if f.name.endswith("seed") else MAX_INT
+        if hint is int and not isinstance(value, bool) and abs(value) > limit:
+            raise ConfigError(f.name, f"must be at most {limit} in size, got {value!r}")
         if hint is float and not math.isfinite(value):
             raise ConfigError(f.name, f"must be a finite number, got {value!r}")
 
@@ -333,8 +341,10 @@ class CorpusConfig:
     def __post_init__(self) -> None:
         _check_types(self)
         _choice("tokenizer", self.tokenizer, TOKENIZERS)
-        if self.tokenizer == "bpe" and self.bpe_vocab <= 256:
-            raise ConfigError("bpe_vocab", f"must be > 256 for a BPE, got {self.bpe_vocab}")
+        if self.tokenizer == "bpe" and not 256 < self.bpe_vocab <= MAX_BPE_VOCAB:
+            raise ConfigError(
+                "bpe_vocab", f"must be in 257..{MAX_BPE_VOCAB} for a BPE, got {self.bpe_vocab}"
+            )
         if not 0 < self.val_fraction < 1:
             raise ConfigError("val_fraction", f"must be in (0, 1), got {self.val_fraction!r}")
 

@@ -20,6 +20,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from nopelab.errors import ConfigError
+from nopelab.limits import check_tokenizer
 from nopelab.rundir import replace_atomically
 
 KINDS = ("byte", "bpe")
@@ -152,6 +153,7 @@ def get_tokenizer(
     path = (cache_dir or default_cache_dir()) / "tokenizers" / f"bpe-{vocab_size}-{key}.json"
     if path.is_file():
         return tokenizer_from_json(path.read_text(encoding="utf-8"))
+    check_tokenizer(len(text.encode("utf-8")), vocab_size)
     tokenizer = BPETokenizer.train(text, vocab_size)
     if tokenizer.vocab_size < vocab_size:
         raise ConfigError(

@@ -45,6 +45,7 @@ from nopelab.analysis import progress_bar, resolve_device
 from nopelab.checkpoint import STATE_FILE, load_checkpoint, read_state, save_checkpoint
 from nopelab.config import CorpusConfig, ModelConfig, TrainConfig, build
 from nopelab.errors import ConfigError, RunFailed, UserError
+from nopelab.limits import check_training
 from nopelab.model import Transformer
 from nopelab.plots import training_curves
 from nopelab.rundir import (
@@ -298,6 +299,7 @@ def train(
     ``out/tensorboard``. ``label`` names the run in progress output (a bar on a terminal, else a
     line per evaluation).
     """
+    check_training(run.model, run.train.batch_size, run.train.seq_len)
     out = out.expanduser().absolute()
     summary_writer = _summary_writer_class() if tensorboard else None
     device = _setup_processes(run.train.device)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from nopelab.config import AnalysisConfig
 from nopelab.corpus import TokenStream, default_corpus, load_text
 from nopelab.errors import ConfigError
 from nopelab.hf.sites import HFModel, architecture, check_max_layers, check_sites
+from nopelab.limits import available_memory
 
 FIELD = "model"
 TAIL = 0.05  # share of the default corpus that nopelab's own LMs never train on
@@ -110,17 +110,6 @@ def parameter_count(files: ModelFiles) -> int:
     if total == 0:  # other weight formats: assume two bytes per parameter
         total = sum(p.stat().st_size for p in files.folder.glob("*.bin")) // 2
     return total
-
-
-def available_memory() -> int:
-    """Bytes of memory available to a new allocation (Linux's MemAvailable where present)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def check_memory(files: ModelFiles) -> int:

@@ -1,0 +1,132 @@
+"""Memory budgets, checked before any work starts: what a model, its training, its statistics or
+a BPE tokenizer would need, against what the machine has.
+
+The estimates count the large terms (weights, optimiser state, the activations of one batch, the
+T x T statistics of every site), with constants measured as peak resident memory on our CPU
+(``/usr/bin/time -f %M``): they refuse what cannot fit in one line, before an allocator fails
+half-way through a run, and are not meant to be exact.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from nopelab.config import AnalysisConfig, ModelConfig
+from nopelab.errors import ConfigError, UserError
+
+GIB = 2**30
+RUNTIME = 256 * 2**20  # Python, PyTorch and nopelab loaded
+WEIGHTS = "--layers, --d-model or --vocab-size"
+# per element of a T x T matrix: a float64 sum per site and layer (12 with its reduction), and
+# what turning the sums into results, tables and figures takes once (64)
+SITE_MATRIX, REPORT_MATRICES = 12, 64
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation (Linux's MemAvailable where present)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """The model's parameters, counted from its configuration (no model is built)."""
+    d, hidden = cfg.d_model, cfg.mlp_ratio * cfg.d_model
+    bias = int(cfg.bias)
+    norm = d * (1 + (bias if cfg.norm == "layernorm" else 0))
+    attention = 4 * d * d + 4 * d * bias
+    if cfg.mlp == "swiglu":
+        mlp = 3 * d * hidden + (2 * hidden + d) * bias
+    else:
+        mlp = 2 * d * hidden + (hidden + d) * bias
+    embeddings = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
+    if cfg.pos_encoding == "learned":
+        embeddings += cfg.max_seq_len * d
+    final_norm = norm if cfg.norm_position == "pre" else 0
+    return embeddings + cfg.n_layers * (2 * norm + attention + mlp) + final_norm
+
+
+def forward_bytes(cfg: ModelConfig, batch_size: int, seq_len: int, scores: bool = False) -> int:
+    """The working memory of one forward pass without gradients: a layer's activations, the
+    logits, and (``scores``: ALiBi's bias, attention probabilities asked for) a layer's
+    attention matrix; PyTorch's fused causal attention does not materialise it."""
+    tokens = batch_size * seq_len
+    layer = tokens * cfg.d_model * (4 + 2 * cfg.mlp_ratio)
+    matrix = batch_size * cfg.n_heads * seq_len * seq_len if scores else 0
+    return 4 * (layer + matrix + tokens * cfg.vocab_size)
+
+
+def check_analysis(cfg: ModelConfig, analysis: AnalysisConfig, statistics: bool = True) -> None:
+    """Refuse an analysis whose model, batch or (``statistics``) T x T statistics per site and
+    layer would not fit."""
+    batch, seq_len = analysis.batch_size, analysis.seq_len
+    site_layers = sum(1 if site == "embed" else cfg.n_layers for site in analysis.sites)
+    scores = analysis.attn_entropy or cfg.pos_encoding == "alibi"
+    matrices = SITE_MATRIX * site_layers + REPORT_MATRICES if statistics else 0
+    _check(
+        "analysing",
+        {
+            "weights": (4 * parameter_count(cfg), WEIGHTS),
+            "activations": (
+                forward_bytes(cfg, batch, seq_len, scores),
+                "--batch-size or --seq-len",
+            ),
+            "statistics": (matrices * seq_len * seq_len, "--seq-len or --sites"),
+        },
+    )
+
+
+def check_training(cfg: ModelConfig, batch_size: int, seq_len: int) -> None:
+    """Refuse a training run whose weights, gradients and AdamW state (16 bytes a parameter)
+    or whose activations kept for the backward pass would not fit."""
+    tokens = batch_size * seq_len
+    kept = cfg.n_layers * tokens * cfg.d_model * (10 + 3 * cfg.mlp_ratio)
+    logits = 3 * tokens * cfg.vocab_size  # logits, their softmax and its gradient
+    _check(
+        "training",
+        {
+            "weights and optimiser": (16 * parameter_count(cfg), WEIGHTS),
+            "activations": (
+                4 * (kept + logits)
+                + forward_bytes(cfg, batch_size, seq_len, cfg.pos_encoding == "alibi"),
+                "--batch-size, --seq-len or --layers",
+            ),
+        },
+    )
+
+
+def check_tokenizer(text_bytes: int, vocab_size: int) -> None:
+    """Refuse a BPE that the corpus cannot yield (every merge needs a pair of symbols in the
+    text) or whose training would not fit in memory."""
+    if vocab_size > 256 + text_bytes:
+        raise ConfigError(
+            "bpe_vocab",
+            f"a corpus of {text_bytes} bytes yields at most {256 + text_bytes} BPE tokens, "
+            f"got {vocab_size}",
+        )
+    _check("training the BPE", {"corpus": (16 * text_bytes, "--corpus (a smaller one)")})
+
+
+def _check(doing: str, parts: dict[str, tuple[int, str]]) -> None:
+    need = RUNTIME + sum(size for size, _ in parts.values())
+    have = available_memory()
+    if need <= have:
+        return
+    name, (_, flags) = max(parts.items(), key=lambda item: item[1][0])
+    shown = ", ".join(f"{part} {_size(size)}" for part, (size, _) in parts.items())
+    raise UserError(
+        f"{flags}: {doing} needs about {_size(need)} of memory, mostly for the {name} ({shown}); "
+        f"{_size(have)} is available"
+    )
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", GIB)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size / 2**20:.0f} MiB"
