@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -559,6 +560,59 @@ def test_resume_from_the_command_line(tmp_path: Path, capsys, monkeypatch) -> No
     train(run, out, progress=False, stop_after=3)
     assert run_cli(["train", "--resume", "--out", str(out), "--lr", "0.1"], monkeypatch) == 2
     assert "train.lr is 0.1 but the run was started with 0.003" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ({"step": -5}, "says step -5, outside 0..6"),
+        ({"step": 10**9}, "says step 1000000000, outside 0..6"),
+        ({"train_seconds": "soon"}, "has no valid train_seconds"),
+        ({"metrics.csv": 'step,loss\n1,2\n"3,4\n'}, "metrics.csv cannot be read"),
+        ({"eval.csv": "stage,loss\nx,2\n"}, "eval.csv has no column of whole step numbers"),
+        ({"metrics.csv": b"\xff\xfe\x00garbage"}, "metrics.csv cannot be read"),
+    ],
+)
+def test_resume_checks_what_it_reads(
+    damage: dict, message: str, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    out = tmp_path / "run"
+    train(tiny_run(steps=6, checkpoint_every=2, eval_every=2), out, progress=False, stop_after=4)
+    state = json.loads((out / "trainer_state.json").read_text())
+    for key, value in damage.items():
+        if key.endswith(".csv"):
+            path = out / key
+            path.write_bytes(value) if isinstance(value, bytes) else path.write_text(value)
+        else:
+            state[key] = value
+    (out / "trainer_state.json").write_text(json.dumps(state))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert run_cli(["train", "--resume", "--out", str(out)], monkeypatch) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("nopelab: error: --resume:"), err
+    assert message in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_resume_refuses_changed_training_data(tmp_path: Path, capsys, monkeypatch) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 100)
+    out = tmp_path / "run"
+    args = ["train", "--corpus", str(corpus), *TINY_TRAIN, "--steps", "6"]
+    run = TrainRun.from_dict(
+        {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "vocab_size": 256},
+         "train": {"steps": 6, "batch_size": 8, "seq_len": 32, "warmup": 1, "eval_every": 2,
+                   "checkpoint_every": 2, "device": "cpu"},
+         "corpus": {"source": str(corpus)}}
+    )  # fmt: skip
+    train(run, out, progress=False, stop_after=2)
+    recorded = json.loads((out / "config.json").read_text())["data"]["sha256"]
+    assert recorded == hashlib.sha256(corpus.read_bytes()).hexdigest()
+    corpus.write_text("a different text entirely, of about the same length. " * 100)
+    assert run_cli([*args, "--resume", "--out", str(out)], monkeypatch) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the training data differ" in err, err
+    assert json.loads((out / "trainer_state.json").read_text())["step"] == 2
 
 
 def test_train_from_a_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ its own evaluation: exact-match accuracy for a task, loss and perplexity for tex
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from collections.abc import Callable
@@ -30,6 +31,7 @@ Autocast = Callable[[], object]  # a fresh autocast context for each forward pas
 
 class Source(Protocol):
     vocab_size: int
+    fingerprint: str  # sha256 of the data, recorded with a run and checked when it resumes
 
     def batch(
         self, batch_size: int, seq_len: int, generator: torch.Generator
@@ -66,6 +68,10 @@ class TaskSource:
     def __init__(self, cfg: tasks.TaskConfig, seed: int, eval_samples: int):
         self.cfg = cfg
         self.train, self.test = tasks.make_splits(cfg, seed)
+        digest = hashlib.sha256()
+        for split in (self.train, self.test):
+            digest.update("".join(example.text for example in split).encode() + b"\0")
+        self.fingerprint = digest.hexdigest()
         self.eval_samples = eval_samples
         self.prompt_len = tasks.max_prompt_len(cfg)
         self.pad_to = self.prompt_len if cfg.layout == "padded" else None
@@ -166,6 +172,7 @@ class TextSource:
     def __init__(self, cfg: CorpusConfig, eval_tokens: int, tokenizer: Tokenizer | None = None):
         self.cfg = cfg
         text = load_text(cfg.source, cfg.column)
+        self.fingerprint = hashlib.sha256(text.encode("utf-8")).hexdigest()
         self.tokenizer = tokenizer or get_tokenizer(
             cfg.tokenizer, text, cfg.bpe_vocab, bpe_cache_dir(cfg.source)
         )

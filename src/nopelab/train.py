@@ -91,7 +91,7 @@ class TrainRun:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config") -> TrainRun:
         allowed = {"model", "train", "task", "corpus"}
-        unknown = set(data) - allowed - {"environment"}
+        unknown = set(data) - allowed - {"environment", "data"}  # written with the run
         if unknown:
             raise ConfigError(
                 where,
@@ -227,8 +227,22 @@ class Log:
         self.writer, self.tag = writer, tag
         self.rows: list[dict[str, Any]] = []
         if keep_until is not None and self.path.is_file():
-            frame = pd.read_csv(self.path)
+            frame = self.check(self.path)
             frame[frame["step"] <= keep_until].to_csv(self.path, index=False)
+
+    @staticmethod
+    def check(path: Path) -> pd.DataFrame:
+        """A log as written by a run (a table with whole step numbers), or a one-line error."""
+        if not path.is_file():
+            return pd.DataFrame({"step": []})
+        try:
+            frame = pd.read_csv(path)
+        except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UserError(f"--resume: {path} cannot be read ({reason})") from None
+        if "step" not in frame or not pd.api.types.is_integer_dtype(frame["step"]):
+            raise UserError(f"--resume: {path} has no column of whole step numbers")
+        return frame
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
@@ -315,11 +329,18 @@ def train(
                 stored = read_run(out)
                 if stored != run:
                     raise UserError(f"--resume: {_first_difference(stored, run)}")
+                _check_state(out, run.train.steps)
             source = make_source(run, out if resume else None)
+            if resume:
+                _check_data(out, source)
             _barrier()
             if main_process and not resume:
                 with staged_run(out, force, command="train") as staging:
-                    config = {**run.to_dict(), "environment": {"nopelab": __version__}}
+                    config = {
+                        **run.to_dict(),
+                        "data": {"sha256": source.fingerprint},
+                        "environment": {"nopelab": __version__},
+                    }
                     write_json(staging / CONFIG_FILE, config)
                     if isinstance(source, TextSource):
                         source.save_tokenizer(staging)
@@ -333,6 +354,30 @@ def train(
             shutil.rmtree(out, ignore_errors=True)
         remove_empty(created)
         raise
+
+
+def _check_state(out: Path, steps: int) -> None:
+    """A resumed run's checkpoint state must be one this run could have written."""
+    state = read_state(out)
+    if not 0 <= state["step"] <= steps:
+        raise UserError(
+            f"--resume: {out / STATE_FILE} says step {state['step']}, outside 0..{steps}"
+        )
+    seconds = state.get("train_seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+        raise UserError(f"--resume: {out / STATE_FILE} has no valid train_seconds")
+    for name in ("metrics.csv", "eval.csv"):
+        Log.check(out / name)
+
+
+def _check_data(out: Path, source: Source) -> None:
+    """A resumed run must see the data it started on (a corpus file may have changed)."""
+    recorded = json.loads((out / CONFIG_FILE).read_text()).get("data", {}).get("sha256")
+    if recorded is not None and recorded != source.fingerprint:
+        raise UserError(
+            f"--resume: the training data differ from those the run started on (sha256 "
+            f"{recorded[:12]}… then, {source.fingerprint[:12]}… now); was the corpus changed?"
+        )
 
 
 def _train(
