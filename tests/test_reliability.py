@@ -1,0 +1,162 @@
+"""Bad input to every command, as a table: exit status 2, one line naming the flag, no
+traceback, and nothing written (the current folder and the input run untouched)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from nopelab.train import train
+
+BAD_INPUT = {
+    "analyze": [
+        ("--layers 0", "--layers: must be > 0"),
+        ("--layers two", "--layers: input should be a valid integer"),
+        ("--layers 1e9", "--layers: input should be a valid integer"),
+        ("--layers 1000000000", "--layers, --d-model or --vocab-size: analysing needs about"),
+        ("--heads 0", "--heads: must be > 0"),
+        ("--d-model 10 --heads 3", "--d-model: 10 is not divisible by n_heads=3"),
+        ("--seq-len 2", "--seq-len: must be >= 3"),
+        ("--seq-len 2000000", "--seq-len or --sites: analysing needs about"),
+        ("--samples 0", "--samples: must be > 0"),
+        ("--samples 99999999999999999999999", "--samples: must be at most 2147483647"),
+        ("--batch-size 0", "--batch-size: must be > 0"),
+        ("--init-std nan", "--init-std: must be a finite number"),
+        ("--init-std inf", "--init-std: must be a finite number"),
+        ("--dtype float8", "--dtype: unknown value 'float8'"),
+        ("--device gpu", "--device: unknown device 'gpu'"),
+        ("--norm batch", "--norm: unknown value 'batch'"),
+        ("--mlp relu", "--mlp: unknown value 'relu'"),
+        ("--pos-encoding fourier", "--pos-encoding: unknown value 'fourier'"),
+        ("--nope-layers 0 --pos-encoding rope", "--nope-layers: layer 0 is outside 1..6"),
+        ("--sites attn_out,qkv", "--sites: unknown value 'qkv'"),
+        ("--seed x", "--seed: input should be a valid integer"),
+        ("--config missing.toml", "--config:"),
+        ("--no-such-flag", "No such option: --no-such-flag"),
+        ("RUN --layers 3", "--layers: a trained or Hugging Face model fixes the model"),
+        ("RUN --input prompts --seq-len 3", "--seq-len: 3 is shorter than the longest copy"),
+        ("RUN --out RUN --force", "--out:"),
+        ("RUN --out RUN/inside", "--out:"),
+        ("no/such/run", "run: no/such/run has no config.json"),
+        ("--out .", "--out:"),
+        ("--out ''", "--out:"),
+        ("--out /proc/nopelab", "--out: /proc is not writable"),
+    ],
+    "train": [
+        ("", "--task or --corpus"),
+        ("--task multiply", "--task: unknown value 'multiply'"),
+        ("--task copy --max-len 0", "--max-len: 0 is not allowed for copy"),
+        ("--task copy --train-size 0", "--train-size: must be > 0"),
+        ("--task copy --steps 0", "--steps: must be > 0"),
+        ("--task copy --steps 10000000000", "--steps: must be at most 2147483647"),
+        ("--task copy --lr inf", "--lr: must be a finite number"),
+        ("--task copy --lr -1", "--lr: must be > 0"),
+        ("--task copy --warmup -1", "--warmup: must be >= 0"),
+        ("--task copy --grad-clip -1", "--grad-clip: must be >= 0"),
+        ("--task copy --dropout 1", "--dropout: must be in [0, 1)"),
+        ("--task copy --precision fp8", "--precision: unknown value 'fp8'"),
+        ("--task copy --eval-every 0", "--eval-every: must be > 0"),
+        ("--task copy --layers 100000", "training needs about"),
+        ("--task copy --seq-len 1000000", "--batch-size, --seq-len or --layers: training"),
+        ("--task reverse --seq-len 8", "--seq-len: must hold a whole line"),
+        ("--corpus no/such/file.txt", "--corpus: no such file or folder"),
+        ("--corpus default --tokenizer word", "--tokenizer: unknown value 'word'"),
+        ("--corpus default --tokenizer bpe --bpe-vocab 100", "--bpe-vocab: must be in 257.."),
+        ("--task copy --resume --force --out o", "--resume and --force"),
+        ("--resume --out RUN", "--resume: the run in"),  # it has finished
+    ],
+    "probe": [
+        ("--probes svm", "--probes: unknown value 'svm'"),
+        ("--features raw,spin", "--features: unknown value 'spin'"),
+        ("--probe-seeds 0", "--probe-seeds: must be > 0"),
+        ("--epochs 0", "--epochs: must be > 0"),
+        ("--split vocab", "--split: vocab builds sequences from token ids"),
+        ("--layers 1000000000", "--layers, --d-model or --vocab-size: analysing"),
+        ("RUN --probe-layers 5", "--probe-layers: layer 5 does not exist"),
+    ],
+    "compare-signals": [
+        ("--probe-layers -1", "--probe-layers: expected layer numbers >= 0"),
+        ("--samples 0", "--samples: must be > 0"),
+    ],
+    "intervene": [
+        ("RUN --interventions zap", "--interventions: unknown value 'zap'"),
+        ("RUN --at-layers 9", "--at-layers: the model has no layer 9"),
+        ("RUN --concept color", "--concept: unknown value 'color'"),
+        ("RUN --fit-samples 0", "--fit-samples: must be > 0"),
+        ("RUN --site qkv", "--site: unknown value 'qkv'"),
+        ("no/such/run", "run: no/such/run has no config.json"),
+    ],
+    "export": [
+        ("RUN --out RUN --force", "--out:"),
+        ("no/such/run --out o", "run: no/such/run has no config.json"),
+        ("RUN", "Missing option '--out'"),
+    ],
+    "reproduce": [
+        ("vaswani2017", "paper: unknown 'vaswani2017'"),
+        ("zuo2025 --part trained-ish", "--part:"),
+        ("chi2023 --scale huge", "--scale:"),
+        ("chi2023 --device gpu", "--device: unknown device 'gpu'"),
+        ("chi2023 --seed x", "--seed: input should be a valid integer"),
+        ("chi2023 --resume", "--resume:"),
+        ("zuo2025 --part trained --models RUN", "--models: only for zuo2025 --part probes"),
+    ],
+}
+CASES = [(command, args, message) for command, rows in BAD_INPUT.items() for args, message in rows]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from nopelab.config import ModelConfig, TrainConfig
+    from nopelab.tasks import TaskConfig
+    from nopelab.train import TrainRun
+
+    run = TrainRun(
+        model=ModelConfig(d_model=16, n_layers=2, n_heads=2, max_seq_len=32),
+        train=TrainConfig(steps=2, batch_size=4, seq_len=24, eval_every=2, device="cpu"),
+        task=TaskConfig(name="copy", max_len=5, train_size=100, test_size=10),
+    )
+    out = tmp_path_factory.mktemp("reliability") / "run"
+    train(run, out, progress=False)
+    return out
+
+
+def _tree(*folders: Path) -> dict[str, bytes | None]:
+    return {
+        str(path): path.read_bytes() if path.is_file() else None
+        for folder in folders
+        for path in [folder, *folder.rglob("*")]
+    }
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "message"), CASES, ids=[" ".join(c[:2]) for c in CASES]
+)
+def test_bad_input_is_refused_in_one_line_and_writes_nothing(
+    command: str, args: str, message: str, finished_run: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import shlex
+
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("the user's own file")
+    monkeypatch.chdir(workdir)
+    argv = [finished_run.as_posix() if a == "RUN" else a for a in shlex.split(args)]
+    argv = [a.replace("RUN/", f"{finished_run}/") for a in argv]
+    before = _tree(workdir, finished_run)
+    assert run_cli([command, *argv], monkeypatch) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("nopelab: error: "), err
+    assert message in err, err
+    assert "Traceback" not in captured.out + captured.err
+    assert _tree(workdir, finished_run) == before
+
+
+def test_the_matrix_covers_every_command() -> None:
+    from typer.main import get_command
+
+    from nopelab.cli import app
+
+    assert set(BAD_INPUT) == set(get_command(app).commands)
