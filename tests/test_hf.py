@@ -12,10 +12,11 @@ import torch
 
 from conftest import run_cli
 from hf_tiny import ARCHITECTURES, LAYERS, ROPE_LAYERS, VOCAB, tiny
+from nopelab import limits
 from nopelab.analysis import analyze_model
 from nopelab.capture import observe
 from nopelab.config import DEFAULT_SITES, AnalysisConfig, ProbeConfig
-from nopelab.errors import ConfigError
+from nopelab.errors import ConfigError, UserError
 from nopelab.hf import load
 from nopelab.hf.positions import position_use, rope_off
 from nopelab.hf.sites import ARCHITECTURES as MAPPINGS
@@ -268,6 +269,14 @@ def test_loading_errors(tmp_path, llama_dir, monkeypatch):
     monkeypatch.setattr(load, "available_memory", lambda: 1000)
     with pytest.raises(ConfigError, match=r"needs about .* GiB to load in float32"):
         load.load_model(str(llama_dir))
+
+    # the weights fit but the T x T statistics of every site and layer do not
+    monkeypatch.undo()
+    monkeypatch.setattr(limits, "available_memory", lambda: 2**20)
+    tokens = AnalysisConfig(seq_len=64, samples=2, input="tokens")
+    with pytest.raises(UserError, match=r"^--seq-len or --sites: analysing needs about"):
+        load.load_run(str(llama_dir), tokens)
+    load.load_run(str(llama_dir), tokens, statistics=False)  # probes reduce no statistics
 
 
 def test_cli_analyze_hf(tmp_path, llama_dir, monkeypatch):

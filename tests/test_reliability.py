@@ -3,6 +3,7 @@ traceback, and nothing written (the current folder and the input run untouched).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,7 @@ BAD_INPUT = {
         ("--out .", "--out:"),
         ("--out ''", "--out:"),
         ("--out /proc/nopelab", "--out: /proc is not writable"),
+        ("--out NOT-UTF-8", "--out: the path is not valid UTF-8"),
     ],
     "train": [
         ("", "--task or --corpus"),
@@ -144,6 +146,7 @@ def test_bad_input_is_refused_in_one_line_and_writes_nothing(
     monkeypatch.chdir(workdir)
     argv = [finished_run.as_posix() if a == "RUN" else a for a in shlex.split(args)]
     argv = [a.replace("RUN/", f"{finished_run}/") for a in argv]
+    argv = [os.fsdecode(b"caf\xe9") if a == "NOT-UTF-8" else a for a in argv]  # as argv holds it
     before = _tree(workdir, finished_run)
     assert run_cli([command, *argv], monkeypatch) == 2
     captured = capsys.readouterr()

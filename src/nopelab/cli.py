@@ -370,6 +370,7 @@ def _model_and_analysis(
             max_layers=hf_flags.get("max_layers"),
             trust_remote_code=bool(hf_flags.get("trust_remote_code")),
             rope_off=_layers_or_all(hf_flags.get("rope_off"), "--rope-off"),
+            statistics=statistics,
         )
     if run_dir is not None:
         from nopelab.train import load_trained, make_source

@@ -18,6 +18,7 @@ from nopelab.errors import ConfigError, UserError
 GIB = 2**30
 RUNTIME = 256 * 2**20  # Python, PyTorch and nopelab loaded
 WEIGHTS = "--layers, --d-model or --vocab-size"
+STATS = "--seq-len or --sites"
 # per element of a T x T matrix: a float64 sum per site and layer (12 with its reduction), and
 # what turning the sums into results, tables and figures takes once (64)
 SITE_MATRIX, REPORT_MATRICES = 12, 64
@@ -65,9 +66,7 @@ def check_analysis(cfg: ModelConfig, analysis: AnalysisConfig, statistics: bool 
     """Refuse an analysis whose model, batch or (``statistics``) T x T statistics per site and
     layer would not fit."""
     batch, seq_len = analysis.batch_size, analysis.seq_len
-    site_layers = sum(1 if site == "embed" else cfg.n_layers for site in analysis.sites)
     scores = analysis.attn_entropy or cfg.pos_encoding == "alibi"
-    matrices = SITE_MATRIX * site_layers + REPORT_MATRICES if statistics else 0
     _check(
         "analysing",
         {
@@ -76,9 +75,21 @@ def check_analysis(cfg: ModelConfig, analysis: AnalysisConfig, statistics: bool 
                 forward_bytes(cfg, batch, seq_len, scores),
                 "--batch-size or --seq-len",
             ),
-            "statistics": (matrices * seq_len * seq_len, "--seq-len or --sites"),
+            "statistics": (statistics_bytes(analysis, cfg.n_layers) if statistics else 0, STATS),
         },
     )
+
+
+def statistics_bytes(analysis: AnalysisConfig, n_layers: int) -> int:
+    """The T x T statistics of every site and layer, and their reduction into a report."""
+    site_layers = sum(1 if site == "embed" else n_layers for site in analysis.sites)
+    return (SITE_MATRIX * site_layers + REPORT_MATRICES) * analysis.seq_len**2
+
+
+def check_statistics(analysis: AnalysisConfig, n_layers: int) -> None:
+    """Refuse an analysis of a model of ``n_layers`` (a Hugging Face one, whose weights are
+    checked apart) whose statistics would not fit."""
+    _check("analysing", {"statistics": (statistics_bytes(analysis, n_layers), STATS)})
 
 
 def check_training(cfg: ModelConfig, batch_size: int, seq_len: int) -> None:

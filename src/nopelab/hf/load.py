@@ -27,7 +27,7 @@ from nopelab.config import AnalysisConfig
 from nopelab.corpus import TokenStream, default_corpus, load_text
 from nopelab.errors import ConfigError
 from nopelab.hf.sites import HFModel, architecture, check_max_layers, check_sites
-from nopelab.limits import available_memory
+from nopelab.limits import available_memory, check_statistics
 
 FIELD = "model"
 TAIL = 0.05  # share of the default corpus that nopelab's own LMs never train on
@@ -209,10 +209,12 @@ def load_run(
     max_layers: int | None = None,
     trust_remote_code: bool = False,
     rope_off: tuple[int, ...] | str | None = None,
+    statistics: bool = True,
 ) -> tuple[HFRun, HFModel, TextWindows | None]:
     """Everything ``nopelab analyze hf:PATH`` needs: settings record, model, text source.
 
     ``rope_off``: layers (1-based) whose RoPE is switched off for the whole run, or ``"all"``.
+    ``statistics``: whether the T x T statistics will be reduced (for the memory check).
     """
     if analysis.attn_entropy:
         raise ConfigError(
@@ -232,6 +234,9 @@ def load_run(
             raise ConfigError(
                 "input", f"data needs the model's tokenizer; {path} has none (use tokens or random)"
             )
+        if statistics:
+            layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", 1)
+            check_statistics(analysis, min(layers, max_layers or layers))
 
     model, tokenizer, files = load_model(path, trust_remote_code, max_layers, check)
     if rope_off:
