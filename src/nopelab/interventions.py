@@ -59,7 +59,7 @@ from nopelab.config import (
     ProbeConfig,
 )
 from nopelab.errors import ConfigError
-from nopelab.features import collect, feature_matrix
+from nopelab.features import EPS, collect, feature_matrix
 from nopelab.model import Transformer
 from nopelab.probes import Split, fit_probe, position_targets, sequence_splits, summarize
 from nopelab.report import environment, markdown_table
@@ -67,7 +67,6 @@ from nopelab.rundir import write_json
 from nopelab.sources import Source
 from nopelab.train import load_trained, make_source
 
-EPS = 1e-30
 # LEACE keeps directions whose whitened cross-covariance singular value exceeds this; the
 # library's default (0.01) would drop most of the noise directions the shuffled control is
 # fitted on, so the control would remove fewer directions than LEACE itself.

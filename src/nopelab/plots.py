@@ -354,12 +354,11 @@ def _series(series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return series.index.to_numpy(), series.to_numpy()
 
 
-CONTROLS = ("shuffle-norm", "leace-shuffled", "leace-rotated")
-
-
 def intervention_effects(frame: pd.DataFrame, path: Path, title: str = "") -> None:
-    """Δmetric per layer: each intervention (solid) beside its control (hatched), ± 2 se."""
+    """Δmetric per layer: each intervention (solid) beside its control (hatched), ± 2 se;
+    ``frame["control_of"]`` names the intervention a control belongs to."""
     edits = [name for name in dict.fromkeys(frame["intervention"]) if name != "none"]
+    controls = set(frame.loc[frame["control_of"].notna(), "intervention"])
     layers = list(dict.fromkeys(frame["layer"]))
     fig, ax = plt.subplots(figsize=(max(5.5, 3.5 + 1.2 * len(layers)), 3.6))
     width = 0.8 / max(1, len(edits))
@@ -379,8 +378,8 @@ def intervention_effects(frame: pd.DataFrame, path: Path, title: str = "") -> No
             yerr=2 * group["se"],
             capsize=2,
             color=colours[name],
-            alpha=0.5 if name in CONTROLS else 0.9,
-            hatch="//" if name in CONTROLS else None,
+            alpha=0.5 if name in controls else 0.9,
+            hatch="//" if name in controls else None,
             label=name,
         )
     ax.axhline(0, color="grey", lw=1)
