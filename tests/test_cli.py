@@ -97,6 +97,7 @@ def test_attn_heads_site_is_analysed_and_probed(tmp_path: Path, monkeypatch) -> 
     assert {(r["site"], r["layer"]) for r in rows} == {("attn_heads", 1), ("attn_heads", 2)}
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs = []
     for name, seed in (("a", "5"), ("b", "5"), ("c", "6")):

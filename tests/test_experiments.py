@@ -30,6 +30,7 @@ def reproduce(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     main()
 
 
+@pytest.mark.slow
 def test_chi2023_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "chi"
     reproduce(["chi2023", "--out", str(out)], monkeypatch)
@@ -46,6 +47,7 @@ def test_chi2023_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         assert (out / name).exists()
 
 
+@pytest.mark.slow
 def test_zuo2025_random_init_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "zuo"
     reproduce(["zuo2025", "--part", "random-init", "--out", str(out)], monkeypatch)
@@ -69,6 +71,7 @@ def test_zuo2025_random_init_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert (out / "runs" / "causal-nope" / "cosine.npz").exists()
 
 
+@pytest.mark.slow
 def test_zuo2025_trained_smoke_interrupted_and_resumed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -135,6 +138,7 @@ def test_zuo2025_trained_smoke_interrupted_and_resumed(
         assert (run / name).exists()
 
 
+@pytest.mark.slow
 def test_chi2023_pretrained_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "chi-pretrained"
     reproduce(["chi2023", "--part", "pretrained", "--out", str(out)], monkeypatch)
@@ -150,6 +154,7 @@ def test_chi2023_pretrained_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert (out / "runs" / "lm-none" / "tokenizer.json").is_file()
 
 
+@pytest.mark.slow
 def test_haviv2022_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "haviv"
     reproduce(["haviv2022", "--out", str(out)], monkeypatch)
@@ -178,6 +183,7 @@ def test_haviv2022_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert (out / "runs" / "lm-alibi" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_chi2023_probes_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "chi"
     reproduce(["chi2023", "--out", str(out)], monkeypatch)
@@ -197,6 +203,7 @@ def test_chi2023_probes_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert (out / "probes.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_zuo2025_probes_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "zuo-probes"
     reproduce(["zuo2025", "--part", "probes", "--out", str(out)], monkeypatch)
@@ -308,6 +315,7 @@ def test_train_into_continues_a_stopped_run_and_reads_a_finished_one(
     assert summary["steps"] == 6
 
 
+@pytest.mark.slow
 def test_train_many_in_parallel_processes_equals_one_by_one(tmp_path: Path) -> None:
     runs = {"a": tiny_task_run(4), "b": dataclasses.replace(tiny_task_run(4), task=TaskConfig(
         name="wherex", max_len=3, train_size=200, test_size=16, layout="padded"))}  # fmt: skip

@@ -373,6 +373,7 @@ def smollm2():
     return model, tokenizer
 
 
+@pytest.mark.slow
 def test_smollm2_gguf_loads_and_uses_rope_everywhere(smollm2):
     from nopelab.experiments.real_model import text_loss
 
@@ -388,6 +389,7 @@ def test_smollm2_gguf_loads_and_uses_rope_everywhere(smollm2):
         assert text_loss(model, x, y) > loss + 0.5  # trained with RoPE, it needs it
 
 
+@pytest.mark.slow
 def test_reproduce_real_model_smoke(tmp_path, monkeypatch):
     out = tmp_path / "real"
     status = run_cli(["reproduce", "real-model", "--scale", "smoke", "--device", "cpu", "--out", str(out)], monkeypatch)  # fmt: skip

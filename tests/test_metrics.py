@@ -1,4 +1,4 @@
-"""The metrics (README, "Metrics") against independent brute-force counts and closed forms."""
+"""The metrics (docs/metrics.md) against independent brute-force counts and closed forms."""
 
 from __future__ import annotations
 

@@ -238,6 +238,7 @@ def test_a_signal_during_training_keeps_the_checkpoint(signum, tmp_path) -> None
     assert not (tmp_path / ".my run.lock").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_reproduction_and_its_workers(tmp_path) -> None:
     out = tmp_path / "zuo"
     args = ["reproduce", "zuo2025", "--part", "trained", "--scale", "smoke", "--out", str(out)]

@@ -196,6 +196,7 @@ def _torchrun() -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run"]
 
 
+@pytest.mark.slow
 def test_ddp_matches_one_process_on_the_same_global_batch(tmp_path: Path) -> None:
     args = [
         "-m",
@@ -305,6 +306,7 @@ def test_compiled_run_matches_eager(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------ learning
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_copy(tmp_path: Path) -> None:
     """Two layers, d = 64, RoPE: copying strings of up to 5 letters needs an induction-like
     lookup; on this recipe it is learned after ~400 steps (measured: 1.0, 0.95, 1.0 test

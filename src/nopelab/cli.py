@@ -320,10 +320,8 @@ def _model_and_analysis(
     they are left for the caller. ``statistics``: whether the T x T statistics will be
     reduced (analyze), for the memory check.
     """
-    from nopelab.analysis import build_model
-    from nopelab.config import RunConfig
+    from nopelab.api import load
     from nopelab.errors import ConfigError
-    from nopelab.limits import check_analysis
 
     unknown = set(data) - set(sections)
     if unknown:
@@ -336,7 +334,6 @@ def _model_and_analysis(
             section.setdefault(key, value)
         data["analysis"] = section
     settings = {key: data[key] for key in ("model", "analysis") if key in data}
-    source = None
     hf_flags = hf_flags or {}
     hf_path = _hf_path(run_dir)
     if hf_path is None:
@@ -344,9 +341,8 @@ def _model_and_analysis(
         if given:
             raise UserError(f"--{given[0].replace('_', '-')}: only applies to an hf:PATH model")
     if run_dir is not None:
-        names = {"n_layers": "layers", "n_heads": "heads"}
         given = [
-            f"--{names.get(k, k).replace('_', '-')}"
+            f"--{RENAMED.get(k, k).replace('_', '-')}"
             for k, v in model_flags.items()
             if v is not None
         ]
@@ -355,46 +351,20 @@ def _model_and_analysis(
                 f"{given[0] if given else '--config'}: a trained or Hugging Face model fixes the "
                 "model; drop the model settings"
             )
-    if hf_path is not None:
-        from nopelab.config import AnalysisConfig, build
-        from nopelab.hf.load import load_run
-
-        if isinstance(section, dict):
-            section.setdefault("input", "data")
-        _merge(settings, "analysis", analysis_flags)
-        analysis = build(AnalysisConfig, settings["analysis"], "config.analysis")
-        return load_run(
-            hf_path,
-            analysis,
-            text=hf_flags.get("text") or "default",
-            max_layers=hf_flags.get("max_layers"),
-            trust_remote_code=bool(hf_flags.get("trust_remote_code")),
-            rope_off=_layers_or_all(hf_flags.get("rope_off"), "--rope-off"),
-            statistics=statistics,
-        )
-    if run_dir is not None:
-        from nopelab.train import load_trained, make_source
-
-        run, model = load_trained(run_dir)
-        settings["model"] = dataclasses.asdict(run.model)
-        if isinstance(section, dict):
-            section.setdefault("input", "data")
-        _merge(settings, "analysis", analysis_flags)
-        cfg = RunConfig.from_dict(settings)
-        check_analysis(cfg.model, cfg.analysis, statistics)
-        if cfg.analysis.input in ("data", "prompts"):
-            source = make_source(run, run_dir)
-    else:
+    _merge(settings, "analysis", analysis_flags)
+    if run_dir is None:
         _merge(settings, "model", model_flags)
-        _merge(settings, "analysis", analysis_flags)
-        cfg = RunConfig.from_dict(settings)
-        if cfg.analysis.input in ("data", "prompts"):
-            raise UserError(
-                f"--input: {cfg.analysis.input} needs a training run directory; use random or tokens"
-            )
-        check_analysis(cfg.model, cfg.analysis, statistics)
-        model = build_model(cfg.model, cfg.analysis.seed)
-    return cfg, model, source
+    study = load(
+        run_dir,
+        model=settings.get("model"),
+        analysis=settings["analysis"],
+        text=hf_flags.get("text") or "default",
+        max_layers=hf_flags.get("max_layers"),
+        trust_remote_code=bool(hf_flags.get("trust_remote_code")),
+        rope_off=_layers_or_all(hf_flags.get("rope_off"), "--rope-off"),
+        statistics=statistics,
+    )
+    return study.config, study.model, study.source
 
 
 @app.command()

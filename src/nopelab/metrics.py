@@ -1,4 +1,4 @@
-"""Per-sample metrics of one site's activations, exactly as defined in the design notes (§3).
+"""Per-sample metrics of one site's activations, exactly as defined in docs/metrics.md.
 
 For one sequence ``h`` of shape (T, d) at one site:
 

@@ -14,7 +14,7 @@ task lengths with the CPU recipe; ``small`` shortens the instances (in the same 
 that the whole part fits in 45 minutes on two cores; ``smoke`` checks the plumbing. The CPU
 recipe trains one left-padded line per row with the loss on every character of the line (Zuo
 et al.'s objective; on the answers alone NoPE learns 3-digit addition far more slowly): see the
-README's recipe search.
+recipe search in docs/zuo2025.md.
 
 Models train in parallel processes of one thread each (two by default on the CPU); a run
 directory that already holds finished models is continued, not retrained.

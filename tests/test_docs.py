@@ -1,0 +1,61 @@
+"""The documentation: the site builds without a warning, and the Markdown stays self-contained."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+# Text that narrates the project's own history, or points at documents outside the repository.
+FORBIDDEN = re.compile(
+    r"\bsessions?\b|design notes|design document|\.\./shared|previous release|has only begun",
+    re.IGNORECASE,
+)
+
+
+def markdown_files() -> list[Path]:
+    return [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_site_builds_strict(tmp_path: Path) -> None:
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # mkdocs-material's end-of-life banner
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert not [line for line in output.splitlines() if "WARNING" in line], output
+    assert (tmp_path / "site" / "index.html").is_file()
+
+
+def test_markdown_is_self_contained() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    for command in (
+        "bash scripts/setup.sh && .venv/bin/nopelab reproduce chi2023",
+        "bash scripts/test.sh",
+    ):
+        assert command in readme  # CI and the docs' home page rely on the README's two commands
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
+        if "://" not in target:
+            assert (ROOT / target).is_file(), f"README.md links to a missing file: {target}"
+    hits = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in markdown_files()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if FORBIDDEN.search(line)
+    ]
+    assert not hits, "\n".join(hits)
