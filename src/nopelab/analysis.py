@@ -6,30 +6,15 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from nopelab.capture import CaptureResult, StreamingCapture
-from nopelab.config import AnalysisConfig, ModelConfig, check_device
+from nopelab.config import AnalysisConfig, ModelConfig
 from nopelab.errors import ConfigError
 from nopelab.model import Transformer
+from nopelab.runtime import progress_bar, resolve_device
 
 if TYPE_CHECKING:
     from nopelab.sources import Source
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when present; an unknown or unavailable device is a user error."""
-    check_device(name)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(
-            "device", f"{name!r} requested but CUDA is not available; use cpu or auto"
-        )
-    if name.startswith("mps") and not torch.backends.mps.is_available():
-        raise ConfigError("device", f"{name!r} requested but MPS is not available; use cpu or auto")
-    return torch.device(name)
 
 
 def build_model(cfg: ModelConfig, seed: int) -> Transformer:
@@ -71,20 +56,6 @@ def input_batches(
             yield {
                 "idx": torch.randint(model_cfg.vocab_size, (B, cfg.seq_len), generator=generator)
             }
-
-
-def progress_bar(transient: bool = True) -> Progress:
-    """A progress bar on stderr, shown only when stderr is a terminal."""
-    console = Console(stderr=True)
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=transient,
-        disable=not console.is_terminal,
-    )
 
 
 @torch.inference_mode()

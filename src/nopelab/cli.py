@@ -414,10 +414,11 @@ def analyze(
     hf:PATH for a Hugging Face model.
     """
     arguments = dict(locals())  # the flags as given, before any other name exists
-    from nopelab.analysis import analyze_model, resolve_device
+    from nopelab.analysis import analyze_model
     from nopelab.config import read_config_file
     from nopelab.report import write_analysis
     from nopelab.rundir import check_out, default_out, staged_run
+    from nopelab.runtime import resolve_device
 
     data: dict[str, Any] = read_config_file(config) if config else {}
     model_flags = _model_flags(arguments)
@@ -1103,7 +1104,7 @@ def reproduce(
     if resume and (out is None or force):
         raise UserError("--resume: give the run folder with --out (and no --force)")
     out = out or default_out(f"{paper}-{part}-{scale}")
-    from nopelab.analysis import resolve_device
+    from nopelab.runtime import resolve_device
 
     resolve_device(device)
     settings = runner.settings(scale, seed, device)  # validates before any output exists

@@ -49,7 +49,7 @@ from concept_erasure import LeaceFitter
 from torch import Tensor
 
 from nopelab import plots
-from nopelab.analysis import input_batches, progress_bar, resolve_device
+from nopelab.analysis import input_batches
 from nopelab.capture import SiteKey, site_modules
 from nopelab.config import (
     SITES,
@@ -64,6 +64,7 @@ from nopelab.model import Transformer
 from nopelab.probes import Split, fit_probe, position_targets, sequence_splits, summarize
 from nopelab.report import environment, markdown_table
 from nopelab.rundir import write_json
+from nopelab.runtime import progress_bar, resolve_device
 from nopelab.sources import Source
 from nopelab.train import load_trained, make_source
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from nopelab.analysis import input_batches, progress_bar, resolve_device
+from nopelab.analysis import input_batches
 from nopelab.capture import SiteKey
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import ConfigError
@@ -27,6 +27,7 @@ from nopelab.probes import (
     summarize,
     test_count,
 )
+from nopelab.runtime import progress_bar, resolve_device
 
 if TYPE_CHECKING:
     from nopelab.sources import Source

@@ -24,10 +24,10 @@ import pandas as pd
 import torch
 
 from nopelab import __version__, plots, theory
-from nopelab.analysis import resolve_device
 from nopelab.capture import CaptureResult
 from nopelab.config import RunConfig
 from nopelab.rundir import write_json
+from nopelab.runtime import resolve_device
 
 
 def summary_rows(result: CaptureResult) -> list[dict[str, Any]]:

@@ -41,7 +41,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from nopelab import __version__
-from nopelab.analysis import progress_bar, resolve_device
 from nopelab.checkpoint import STATE_FILE, load_checkpoint, read_state, save_checkpoint
 from nopelab.config import CorpusConfig, ModelConfig, TrainConfig, build
 from nopelab.errors import ConfigError, RunFailed, UserError
@@ -56,6 +55,7 @@ from nopelab.rundir import (
     staged_run,
     write_json,
 )
+from nopelab.runtime import progress_bar, resolve_device
 from nopelab.sources import IGNORE, Source, TaskSource, TextSource, load_tokenizer
 from nopelab.tasks import TaskConfig
 

@@ -20,10 +20,11 @@ import numpy as np
 import pandas as pd
 
 from nopelab import plots, theory
-from nopelab.analysis import analyze_model, build_model, resolve_device
+from nopelab.analysis import analyze_model, build_model
 from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, RunConfig
 from nopelab.probing import probe_model
 from nopelab.report import markdown_table, write_analysis
+from nopelab.runtime import resolve_device
 
 SIGMA = 0.02
 SCALES = {

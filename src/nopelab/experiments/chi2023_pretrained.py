@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 
 from nopelab import plots
-from nopelab.analysis import resolve_device
 from nopelab.config import AnalysisConfig
 from nopelab.experiments.trained import Trained, lm_runs, perplexity_row, train_and_analyze
 from nopelab.report import markdown_table, positions_table
 from nopelab.rundir import write_json
+from nopelab.runtime import resolve_device
 from nopelab.train import TrainRun
 
 POS_ENCODINGS = ("none", "learned", "rope")

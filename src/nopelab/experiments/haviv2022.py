@@ -21,12 +21,12 @@ from pathlib import Path
 import pandas as pd
 
 from nopelab import plots
-from nopelab.analysis import resolve_device
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.experiments.trained import lm_runs, perplexity_row, train_into
 from nopelab.probing import probe_model
 from nopelab.report import markdown_table
 from nopelab.rundir import write_json
+from nopelab.runtime import resolve_device
 from nopelab.train import TrainRun, load_trained, make_source
 
 POS_ENCODINGS = ("none", "learned", "sinusoidal", "alibi")

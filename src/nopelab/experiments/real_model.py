@@ -29,13 +29,14 @@ import pandas as pd
 import torch
 
 from nopelab import plots
-from nopelab.analysis import analyze_model, resolve_device
+from nopelab.analysis import analyze_model
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import ConfigError
 from nopelab.probe_report import readable
 from nopelab.probing import probe_model
 from nopelab.report import environment, markdown_table, positions_table, summary_rows
 from nopelab.rundir import write_json
+from nopelab.runtime import resolve_device
 from nopelab.signals import verdict
 from nopelab.sources import token_loss
 

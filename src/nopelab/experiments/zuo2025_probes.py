@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from nopelab import plots, signals, tasks
-from nopelab.analysis import build_model, resolve_device
+from nopelab.analysis import build_model
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import UserError
 from nopelab.experiments import zuo2025_trained
@@ -32,6 +32,7 @@ from nopelab.model import Transformer
 from nopelab.probing import probe_model, vocab_halves
 from nopelab.report import markdown_table
 from nopelab.rundir import write_json
+from nopelab.runtime import resolve_device
 from nopelab.train import TrainRun, load_trained, read_run
 
 FEATURES = ("raw", "norm", "variance", "cos_last", "cos_row", "norm+cos_last")

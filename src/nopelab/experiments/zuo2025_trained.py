@@ -29,11 +29,11 @@ from typing import Any
 import pandas as pd
 
 from nopelab import plots
-from nopelab.analysis import resolve_device
 from nopelab.config import AnalysisConfig, ModelConfig, TrainConfig
 from nopelab.experiments.trained import analyze_trained, train_many
 from nopelab.report import markdown_table
 from nopelab.rundir import write_json
+from nopelab.runtime import resolve_device
 from nopelab.tasks import TaskConfig, max_line_len, max_prompt_len
 from nopelab.train import TrainRun
 
