@@ -413,6 +413,18 @@ def test_cli_zuo_protocol_and_its_bad_input(
         assert not target.exists()
 
 
+def test_padded_rows_default_to_the_longest_line(tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "run"
+    at = TINY_TRAIN.index("--seq-len")
+    flags = TINY_TRAIN[:at] + TINY_TRAIN[at + 2 :]
+    args = ["train", "--task", "wherex", "--max-len", "4", "--layout", "padded", *flags]
+    assert run_cli([*args, "--train-size", "300", "--test-size", "20", "--out", str(out)],
+                   monkeypatch) == 0  # fmt: skip
+    assert json.loads((out / "config.json").read_text())["train"]["seq_len"] == len(
+        "wherex(1002,2)=3\n"
+    )  # the longest line of 4-digit wherex
+
+
 def test_cli_text_run_then_analyze(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     corpus = tmp_path / "c.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)

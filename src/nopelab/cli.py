@@ -541,7 +541,11 @@ def train(
         int | None, typer.Option(help="Global batch in sequences [32]", rich_help_panel=TRAINING)
     ] = None,
     seq_len: Annotated[
-        int | None, typer.Option(help="Training context [256]", rich_help_panel=TRAINING)
+        int | None,
+        typer.Option(
+            help="Training context [256; --layout padded: the task's longest line]",
+            rich_help_panel=TRAINING,
+        ),
     ] = None,
     lr: Annotated[
         float | None, typer.Option(help="Peak learning rate [1e-3]", rich_help_panel=TRAINING)
@@ -645,6 +649,13 @@ def train(
     if not resume and vocab_size is None and "vocab_size" not in data.get("model", {}):
         model_flags["vocab_size"] = len(VOCAB) if "task" in data else _corpus_vocab(data["corpus"])
     _merge(data, "model", model_flags)
+    padded = isinstance(data.get("task"), dict) and data["task"].get("layout") == "padded"
+    if not resume and padded and seq_len is None and "seq_len" not in data.get("train", {}):
+        from nopelab.config import build
+        from nopelab.tasks import TaskConfig, max_line_len
+
+        # one line per row: a longer context would only add padding
+        seq_len = max_line_len(build(TaskConfig, data["task"], "config.task"))
     _merge(
         data,
         "train",
