@@ -39,17 +39,17 @@ BLOCK_SITES = SITES[1:]
 DEFAULT_SITES = tuple(site for site in SITES if site != "attn_heads")  # attn_heads on request
 
 
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+def check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(name, f"unknown value {value!r}; allowed: {', '.join(allowed)}")
 
 
-def _choices(name: str, values: tuple, allowed: tuple[str, ...]) -> None:
+def check_choices(name: str, values: tuple, allowed: tuple[str, ...]) -> None:
     """A non-empty list whose every item is one of ``allowed``."""
     if not values:
         raise ConfigError(name, f"needs at least one of: {', '.join(allowed)}")
     for value in values:
-        _choice(name, value, allowed)
+        check_choice(name, value, allowed)
 
 
 def _layer_numbers(name: str, values: tuple) -> None:
@@ -58,7 +58,7 @@ def _layer_numbers(name: str, values: tuple) -> None:
             raise ConfigError(name, f"expected layer numbers >= 0, got {layer!r}")
 
 
-def _positive(name: str, value: float) -> None:
+def check_positive(name: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(name, f"must be > 0, got {value!r}")
 
@@ -75,7 +75,7 @@ MAX_SEED = 2**63 - 1
 MAX_BPE_VOCAB = 2**20
 
 
-def _check_types(obj: Any) -> None:
+def check_types(obj: Any) -> None:
     """Reject values of the wrong type (e.g. a string where an int belongs)."""
     hints = get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
@@ -125,23 +125,23 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nope_layers", _as_tuple("nope_layers", self.nope_layers))
-        _check_types(self)
+        check_types(self)
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "mlp_ratio"):
-            _positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ConfigError(
                 "d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}"
             )
         if self.pos_encoding == "rope" and self.head_dim % 2:
             raise ConfigError("d_model", f"rope needs an even head dimension, got {self.head_dim}")
-        _choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
-        _choice("norm", self.norm, NORMS)
-        _choice("norm_position", self.norm_position, NORM_POSITIONS)
-        _choice("mlp", self.mlp, MLPS)
-        _choice("init", self.init, INITS)
-        _positive("init_std", self.init_std)
-        _positive("norm_eps", self.norm_eps)
-        _positive("rope_theta", self.rope_theta)
+        check_choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
+        check_choice("norm", self.norm, NORMS)
+        check_choice("norm_position", self.norm_position, NORM_POSITIONS)
+        check_choice("mlp", self.mlp, MLPS)
+        check_choice("init", self.init, INITS)
+        check_positive("init_std", self.init_std)
+        check_positive("norm_eps", self.norm_eps)
+        check_positive("rope_theta", self.rope_theta)
         if not 0 <= self.dropout < 1:
             raise ConfigError("dropout", f"must be in [0, 1), got {self.dropout!r}")
         for layer in self.nope_layers:
@@ -186,16 +186,16 @@ class AnalysisConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sites", _as_tuple("sites", self.sites))
-        _check_types(self)
+        check_types(self)
         for name in ("seq_len", "samples", "batch_size"):
-            _positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         if self.seq_len < 3:
             raise ConfigError(
                 "seq_len", f"must be >= 3 for the adjacency score, got {self.seq_len}"
             )
-        _choice("input", self.input, INPUTS)
-        _choice("dtype", self.dtype, DTYPES)
-        _choices("sites", self.sites, SITES)
+        check_choice("input", self.input, INPUTS)
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choices("sites", self.sites, SITES)
         check_device(self.device)
 
     def check_model(self, model: ModelConfig) -> None:
@@ -309,11 +309,11 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_types(self)
         for name in ("steps", "batch_size", "seq_len", "lr", "eval_every", "checkpoint_every"):
-            _positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         for name in ("eval_samples", "eval_tokens"):
-            _positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError("min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio!r}")
         for name in ("warmup", "weight_decay", "grad_clip"):
@@ -322,7 +322,7 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)!r}")
-        _choice("precision", self.precision, PRECISIONS)
+        check_choice("precision", self.precision, PRECISIONS)
         check_device(self.device)
 
 
@@ -339,8 +339,8 @@ class CorpusConfig:
     val_fraction: float = 0.05
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        _choice("tokenizer", self.tokenizer, TOKENIZERS)
+        check_types(self)
+        check_choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.tokenizer == "bpe" and not 256 < self.bpe_vocab <= MAX_BPE_VOCAB:
             raise ConfigError(
                 "bpe_vocab", f"must be in 257..{MAX_BPE_VOCAB} for a BPE, got {self.bpe_vocab}"
@@ -364,7 +364,7 @@ def feature_names(combination: str) -> tuple[str, ...]:
     """``"norm+cos_last"`` → ``("norm", "cos_last")``, each checked against :data:`FEATURES`."""
     names = tuple(combination.split("+"))
     for name in names:
-        _choice("features", name, FEATURES)
+        check_choice("features", name, FEATURES)
     if len(set(names)) != len(names):
         raise ConfigError("features", f"{combination!r} names a feature twice")
     return names
@@ -394,13 +394,13 @@ class ProbeConfig:
     def __post_init__(self) -> None:
         for name in ("layers", "probes", "features"):
             object.__setattr__(self, name, _as_tuple(name, getattr(self, name)))
-        _check_types(self)
+        check_types(self)
         for name in ("seeds", "hidden", "epochs", "batch_size", "lr", "memory_gb"):
-            _positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         if not 0 < self.test_fraction < 1:
             raise ConfigError("test_fraction", f"must be in (0, 1), got {self.test_fraction!r}")
         _layer_numbers("layers", self.layers)
-        _choices("probes", self.probes, PROBES)
+        check_choices("probes", self.probes, PROBES)
         if not self.features:
             raise ConfigError("features", f"needs at least one of: {', '.join(FEATURES)}")
         for combination in self.features:
@@ -409,8 +409,8 @@ class ProbeConfig:
                     "features", f"expected names like norm+cos_last, got {combination!r}"
                 )
             feature_names(combination)
-        _choice("target", self.target, TARGETS)
-        _choice("split", self.split, SPLITS)
+        check_choice("target", self.target, TARGETS)
+        check_choice("split", self.split, SPLITS)
 
 
 INTERVENTIONS = ("equalize-norm", "shuffle-norm", "leace", "leace-shuffled", "leace-rotated")
@@ -437,9 +437,9 @@ class InterventionConfig:
     def __post_init__(self) -> None:
         for name in ("layers", "interventions"):
             object.__setattr__(self, name, _as_tuple(name, getattr(self, name)))
-        _check_types(self)
-        _choice("site", self.site, SITES)
-        _positive("fit_samples", self.fit_samples)
+        check_types(self)
+        check_choice("site", self.site, SITES)
+        check_positive("fit_samples", self.fit_samples)
         _layer_numbers("layers", self.layers)
-        _choices("interventions", self.interventions, INTERVENTIONS)
-        _choice("concept", self.concept, CONCEPTS)
+        check_choices("interventions", self.interventions, INTERVENTIONS)
+        check_choice("concept", self.concept, CONCEPTS)

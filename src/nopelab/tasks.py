@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from nopelab.config import _check_types, _choice, _positive
+from nopelab.config import check_choice, check_positive, check_types
 from nopelab.errors import ConfigError, UserError
 
 VOCAB = "\n" + "".join(chr(c) for c in range(32, 127))  # token id = index in VOCAB
@@ -108,20 +108,20 @@ class TaskConfig:
     loss_mode: str = "answer"
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        _choice("task", self.name, TASKS)
+        check_types(self)
+        check_choice("task", self.name, TASKS)
         if self.format is not None:
             if not isinstance(self.format, str):
                 raise ConfigError("format", f"expected str or None, got {self.format!r}")
-            _choice("format", self.format, FORMATS)
+            check_choice("format", self.format, FORMATS)
             if self.format == "zuo" and self.name not in ZUO_TASKS:
                 raise ConfigError(
                     "format", f"{self.name} has only the plain format; allowed: plain"
                 )
-        _choice("layout", self.layout, LAYOUTS)
-        _choice("loss_mode", self.loss_mode, LOSS_MODES)
-        _positive("train_size", self.train_size)
-        _positive("test_size", self.test_size)
+        check_choice("layout", self.layout, LAYOUTS)
+        check_choice("loss_mode", self.loss_mode, LOSS_MODES)
+        check_positive("train_size", self.train_size)
+        check_positive("test_size", self.test_size)
         if self.reversed_answer and (self.name != "add" or self.resolved_format != "plain"):
             raise ConfigError(
                 "reversed_answer",
