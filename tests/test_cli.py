@@ -229,6 +229,22 @@ def test_non_finite_activations_fail_the_run(tmp_path: Path, capsys, monkeypatch
     assert not out.exists()
 
 
+def test_a_config_file_error_is_not_blamed_on_a_typed_flag(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    (tmp_path / "probe.toml").write_text("[probe]\nbatch_size = 0\n")
+    (tmp_path / "task.toml").write_text("[task]\nmaxlen = 3\n")
+    for argv, shown in (
+        (["probe", "--config", "probe.toml", "--batch-size", "8"], "batch_size: must be > 0"),
+        (["train", "--config", "task.toml", "--task", "add"], "config.task: unknown key 'maxlen'"),
+    ):
+        monkeypatch.chdir(tmp_path)
+        assert run_cli([*argv, "--out", str(tmp_path / "o")], monkeypatch) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"nopelab: error: {shown}"), err  # not --batch-size or --task
+    assert not (tmp_path / "o").exists()
+
+
 def test_malformed_config_file(tmp_path: Path, capsys, monkeypatch) -> None:
     for name, text in (
         ("bad.toml", "[model\nx = 1"),

@@ -335,3 +335,13 @@ def test_config_error_survives_pickling() -> None:
     error = pickle.loads(pickle.dumps(ConfigError("seq_len", "too short")))
     assert isinstance(error, ConfigError) and error.field == "seq_len"
     assert str(error) == "seq_len: too short"
+
+
+def test_numbers_too_large_for_a_setting_are_config_errors() -> None:
+    from nopelab.config import TrainConfig
+    from nopelab.tasks import TaskConfig
+
+    with pytest.raises(ConfigError, match="lr: must be a finite number"):
+        TrainConfig(lr=10**400)  # an int that no float can hold (a long literal in a file)
+    with pytest.raises(ConfigError, match=r"max_len: .* allowed: 1\.\.1024"):
+        TaskConfig(name="copy", max_len=10**30)

@@ -54,6 +54,11 @@ BAD_INPUT = {
         ("--task copy --steps 0", "--steps: must be > 0"),
         ("--task copy --steps 10000000000", "--steps: must be at most 2147483647"),
         ("--task copy --lr inf", "--lr: must be a finite number"),
+        ("--task copy --lr 1e400", "--lr: must be a finite number"),
+        (
+            "--task copy --max-len 100000",
+            "--max-len: 100000 is not allowed for copy; allowed: 1..1024",
+        ),
         ("--task copy --lr -1", "--lr: must be > 0"),
         ("--task copy --warmup -1", "--warmup: must be >= 0"),
         ("--task copy --grad-clip -1", "--grad-clip: must be >= 0"),

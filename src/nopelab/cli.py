@@ -1237,6 +1237,7 @@ def _run() -> None:
 
 INTERRUPTED = "nopelab: interrupted; nothing was written"
 
+SECTIONS = {"model", "analysis", "train", "task", "corpus", "probe", "intervention"}
 # config fields set by a flag of another name: everywhere, and per command
 RENAMED = {"n_layers": "layers", "n_heads": "heads", "seeds": "probe_seeds"}
 RENAMED_IN = {
@@ -1255,11 +1256,32 @@ def _as_typed(exc: UserError) -> str:
     if not isinstance(exc, ConfigError) or not argv:
         return str(exc)
     field = exc.field.rsplit(".", 1)[-1]
+    if "." in exc.field and field in SECTIONS:  # a [section] of a config file, not a flag
+        return str(exc)
     name = RENAMED_IN.get(argv[0], {}).get(field) or RENAMED.get(field, field)
     flag = "--" + name.replace("_", "-")
-    if any(arg == flag or arg.startswith(f"{flag}=") for arg in argv):
+    values = []
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            values.append(argv[i + 1])
+        elif arg.startswith(f"{flag}="):
+            values.append(arg.split("=", 1)[1])
+    # the flag was typed, and (when the message quotes the bad value) with that value: a
+    # same-named setting in another section of a config file keeps its own name
+    got = exc.message.rsplit("got ", 1)[1] if "got " in exc.message else None
+    if values and (got is None or any(_same_value(v, got) for v in values)):
         return f"{flag}: {exc.message}"
     return str(exc)
+
+
+def _same_value(typed: str, got: str) -> bool:
+    """Whether a flag's text is the value an error message quotes (``1e400`` is ``inf``)."""
+    if typed in got:
+        return True
+    try:
+        return float(typed) == float(got.strip("'\""))
+    except ValueError:
+        return False
 
 
 def _interrupt(signum: int, frame: object) -> None:

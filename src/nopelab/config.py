@@ -88,8 +88,15 @@ def check_types(obj: Any) -> None:
         limit = MAX_SEED if f.name.endswith("seed") else MAX_INT
         if hint is int and not isinstance(value, bool) and abs(value) > limit:
             raise ConfigError(f.name, f"must be at most {limit} in size, got {value!r}")
-        if hint is float and not math.isfinite(value):
+        if hint is float and not _finite(value):
             raise ConfigError(f.name, f"must be a finite number, got {value!r}")
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from nopelab.config import AnalysisConfig, ModelConfig
 from nopelab.errors import ConfigError, UserError
 
 GIB = 2**30
-RUNTIME = 256 * 2**20  # Python, PyTorch and nopelab loaded
 WEIGHTS = "--layers, --d-model or --vocab-size"
 STATS = "--seq-len or --sites"
 # per element of a T x T matrix: a float64 sum per site and layer (12 with its reduction), and
@@ -124,7 +123,7 @@ def check_tokenizer(text_bytes: int, vocab_size: int) -> None:
 
 
 def _check(doing: str, parts: dict[str, tuple[int, str]]) -> None:
-    need = RUNTIME + sum(size for size, _ in parts.values())
+    need = sum(size for size, _ in parts.values())  # MemAvailable excludes what is loaded
     have = available_memory()
     if need <= have:
         return

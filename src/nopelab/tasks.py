@@ -56,6 +56,7 @@ DEFAULT_LENGTHS = {
     },
 }
 LENGTH_LIMITS = {"order": 10}  # order needs distinct digits
+MAX_LEN = 1024  # every other task: a line must fit a model's context
 DIGITS = string.digits
 LETTERS = string.ascii_lowercase
 
@@ -127,7 +128,7 @@ class TaskConfig:
                 "reversed_answer",
                 "only allowed with the plain add format (Zuo's add format is always reversed)",
             )
-        limit = LENGTH_LIMITS.get(self.name)
+        limit = LENGTH_LIMITS.get(self.name, MAX_LEN)
         for field in ("min_len", "max_len", "test_min_len", "test_max_len"):
             value = getattr(self, field)
             if value is None:

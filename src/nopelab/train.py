@@ -372,7 +372,8 @@ def _check_state(out: Path, steps: int) -> None:
 
 def _check_data(out: Path, source: Source) -> None:
     """A resumed run must see the data it started on (a corpus file may have changed)."""
-    recorded = json.loads((out / CONFIG_FILE).read_text()).get("data", {}).get("sha256")
+    data = json.loads((out / CONFIG_FILE).read_text()).get("data")
+    recorded = data.get("sha256") if isinstance(data, dict) else None
     if recorded is not None and recorded != source.fingerprint:
         raise UserError(
             f"--resume: the training data differ from those the run started on (sha256 "
