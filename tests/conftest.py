@@ -1,8 +1,10 @@
-"""Shared test setup: the same global random state for every test; the command-line runner."""
+"""Shared test setup: the same global random state for every test; the command-line runner; a
+tiny finished task run."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,3 +28,20 @@ def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished two-step training run of a tiny model on ``copy`` (one per test module)."""
+    from nopelab.config import ModelConfig, TrainConfig
+    from nopelab.tasks import TaskConfig
+    from nopelab.train import TrainRun, train
+
+    run = TrainRun(
+        model=ModelConfig(d_model=16, n_layers=2, n_heads=2, max_seq_len=32),
+        train=TrainConfig(steps=2, batch_size=4, seq_len=24, eval_every=2, device="cpu"),
+        task=TaskConfig(name="copy", max_len=5, train_size=100, test_size=10),
+    )
+    out = tmp_path_factory.mktemp("finished") / "run"
+    train(run, out, progress=False)
+    return out

@@ -9,10 +9,7 @@ import pytest
 
 import nopelab
 from conftest import run_cli
-from nopelab.config import ModelConfig, TrainConfig
 from nopelab.errors import ConfigError, UserError
-from nopelab.tasks import TaskConfig
-from nopelab.train import TrainRun, train
 
 MODEL = {"n_layers": 2, "n_heads": 2, "d_model": 16}
 ANALYSIS = {"seq_len": 12, "samples": 4, "batch_size": 2, "device": "cpu", "seed": 3}
@@ -36,34 +33,22 @@ def test_api_and_command_line_give_the_same_rows(tmp_path: Path, monkeypatch) ->
     assert json.loads(json.dumps(api_rows)) == cli_rows  # the same seed: the same numbers
 
 
-@pytest.fixture(scope="module")
-def task_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run = TrainRun(
-        model=ModelConfig(d_model=16, n_layers=2, n_heads=2, max_seq_len=32),
-        train=TrainConfig(steps=2, batch_size=4, seq_len=24, eval_every=2, device="cpu"),
-        task=TaskConfig(name="copy", max_len=5, train_size=100, test_size=10),
-    )
-    out = tmp_path_factory.mktemp("api") / "run"
-    train(run, out, progress=False)
-    return out
-
-
-def test_a_training_run_gives_its_model_and_held_out_data(task_run: Path) -> None:
-    study = nopelab.load(task_run, analysis={"seq_len": 16, "samples": 2, "device": "cpu"})
+def test_a_training_run_gives_its_model_and_held_out_data(finished_run: Path) -> None:
+    study = nopelab.load(finished_run, analysis={"seq_len": 16, "samples": 2, "device": "cpu"})
     assert study.config.model.d_model == 16 and study.config.analysis.input == "data"
     assert study.source is not None
     rows = nopelab.summary_rows(nopelab.analyze(study, progress=False))
     assert len(rows) == 1 + 4 * 2  # embed + four block sites in each of two layers
-    prompts = nopelab.load(task_run, analysis={"input": "prompts", "seq_len": 16, "samples": 2})
+    prompts = nopelab.load(finished_run, analysis={"input": "prompts", "seq_len": 16, "samples": 2})
     assert prompts.config.analysis.input == "prompts"
 
 
-def test_bad_requests_are_user_errors(task_run: Path) -> None:
+def test_bad_requests_are_user_errors(finished_run: Path) -> None:
     with pytest.raises(UserError, match="fixes the model"):
-        nopelab.load(task_run, model={"n_layers": 3})
+        nopelab.load(finished_run, model={"n_layers": 3})
     with pytest.raises(ConfigError, match="input: data needs a training run directory"):
         nopelab.load(model=MODEL, analysis={"input": "data"})
     with pytest.raises(ConfigError, match="seq_len"):
         nopelab.load(model=MODEL, analysis={"seq_len": 2})
     with pytest.raises(UserError, match=r"has no config\.json"):
-        nopelab.load(task_run.parent / "missing")
+        nopelab.load(finished_run.parent / "missing")

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from nopelab.train import train
 
 BAD_INPUT = {
     "analyze": [
@@ -111,22 +110,6 @@ BAD_INPUT = {
     ],
 }
 CASES = [(command, args, message) for command, rows in BAD_INPUT.items() for args, message in rows]
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nopelab.config import ModelConfig, TrainConfig
-    from nopelab.tasks import TaskConfig
-    from nopelab.train import TrainRun
-
-    run = TrainRun(
-        model=ModelConfig(d_model=16, n_layers=2, n_heads=2, max_seq_len=32),
-        train=TrainConfig(steps=2, batch_size=4, seq_len=24, eval_every=2, device="cpu"),
-        task=TaskConfig(name="copy", max_len=5, train_size=100, test_size=10),
-    )
-    out = tmp_path_factory.mktemp("reliability") / "run"
-    train(run, out, progress=False)
-    return out
 
 
 def _tree(*folders: Path) -> dict[str, bytes | None]:
