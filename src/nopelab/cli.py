@@ -1269,7 +1269,8 @@ def _as_typed(exc: UserError) -> str:
     # the flag was typed, and (when the message quotes the bad value) with that value: a
     # same-named setting in another section of a config file keeps its own name
     got = exc.message.rsplit("got ", 1)[1] if "got " in exc.message else None
-    if values and (got is None or any(_same_value(v, got) for v in values)):
+    typed = any(arg == flag or arg.startswith(f"{flag}=") for arg in argv)
+    if typed and (got is None or any(_same_value(v, got) for v in values)):
         return f"{flag}: {exc.message}"
     return str(exc)
 
