@@ -1219,7 +1219,7 @@ def _run() -> None:
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         opts = getattr(getattr(exc, "param", None), "opts", None)
         if opts and message and getattr(exc, "message", None):  # a flag's value: name the flag
-            typed = [o for o in opts if any(a == o or a.startswith(f"{o}=") for a in sys.argv)]
+            typed = [o for o in opts if _was_typed(o, sys.argv)]
             message = f"{(typed or opts)[0]}: {exc.message[0].lower()}{exc.message[1:]}"
         if message:  # empty when the parser has already printed the help instead
             typer.echo(f"nopelab: error: {message}", err=True)
@@ -1269,10 +1269,13 @@ def _as_typed(exc: UserError) -> str:
     # the flag was typed, and (when the message quotes the bad value) with that value: a
     # same-named setting in another section of a config file keeps its own name
     got = exc.message.rsplit("got ", 1)[1] if "got " in exc.message else None
-    typed = any(arg == flag or arg.startswith(f"{flag}=") for arg in argv)
-    if typed and (got is None or any(_same_value(v, got) for v in values)):
+    if _was_typed(flag, argv) and (got is None or any(_same_value(v, got) for v in values)):
         return f"{flag}: {exc.message}"
     return str(exc)
+
+
+def _was_typed(flag: str, argv: list[str]) -> bool:
+    return any(arg == flag or arg.startswith(f"{flag}=") for arg in argv)
 
 
 def _same_value(typed: str, got: str) -> bool:
