@@ -56,8 +56,8 @@ def load(
     ``"hf:PATH"`` for a Hugging Face model folder or ``.gguf`` file (default input: text).
     ``analysis``: :class:`~nopelab.config.AnalysisConfig` fields. The Hugging Face options
     (``text``, ``max_layers``, ``trust_remote_code``, ``rope_off``) apply to ``hf:`` only.
-    ``statistics``: whether T x T statistics will be reduced, for the memory check that runs
-    before any model is built.
+    ``statistics``: whether T x T statistics will be reduced, for the memory check (before a
+    random-init model is built; after a training run's checkpoint is read).
     """
     from nopelab.analysis import build_model
     from nopelab.limits import check_analysis
