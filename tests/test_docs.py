@@ -59,3 +59,24 @@ def test_markdown_is_self_contained() -> None:
         if FORBIDDEN.search(line)
     ]
     assert not hits, "\n".join(hits)
+
+
+def test_every_command_has_a_generated_reference() -> None:
+    """docs/ holds an options table, generated from the command line, for every command; the
+    generated table lists every option the command has."""
+    import typer.main
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from mkdocs_hooks import options_table
+    finally:
+        sys.path.pop(0)
+    from nopelab.cli import app
+
+    pages = "\n".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    for name, command in typer.main.get_command(app).commands.items():
+        assert f"<!-- options: {name} -->" in pages, name
+        table = options_table(name)
+        for param in command.params:
+            if param.param_type_name == "option" and param.name != "help":
+                assert f"`{param.opts[0]}`" in table, (name, param.opts[0])

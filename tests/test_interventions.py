@@ -213,8 +213,8 @@ RIDGE = ProbeConfig(seeds=1, probes=("linear-reg",))  # closed form: the fastest
 
 
 def test_run_interventions_rows_verdict_and_files(trained: Path, tmp_path: Path) -> None:
-    cfg = InterventionConfig(fit_samples=16)
-    rows = run_interventions(trained, cfg, FAST, ANALYSIS, eval_samples=32, progress=False)
+    cfg = InterventionConfig(fit_samples=16, eval_samples=32)
+    rows = run_interventions(trained, cfg, FAST, ANALYSIS, progress=False)
     frame = pd.DataFrame(rows)
     assert len(frame) == 2 * 6  # layers 1 and 2: unmodified plus five interventions
     assert list(frame["intervention"][:6]) == ["none", *cfg.interventions]
@@ -258,8 +258,10 @@ def test_run_interventions_rows_verdict_and_files(trained: Path, tmp_path: Path)
 def test_the_last_residual_norm_does_not_matter(trained: Path) -> None:
     """The final LayerNorm undoes any rescaling of the last residual stream, so equalising its
     norms leaves the behaviour as it was."""
-    cfg = InterventionConfig(site="resid_post", layers=(2,), interventions=("equalize-norm",))
-    rows = run_interventions(trained, cfg, RIDGE, ANALYSIS, eval_samples=32, progress=False)
+    cfg = InterventionConfig(
+        site="resid_post", layers=(2,), interventions=("equalize-norm",), eval_samples=32
+    )
+    rows = run_interventions(trained, cfg, RIDGE, ANALYSIS, progress=False)
     base, edited = rows
     assert edited["size"] > 0.02
     assert edited["delta"] == 0

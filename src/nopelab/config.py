@@ -1,42 +1,80 @@
-"""Validated configuration dataclasses.
+"""Validated configuration dataclasses: the one truth for settings.
 
 Every field is checked when the object is built, so a bad value fails early with a
 one-line :class:`~nopelab.errors.ConfigError` that names the field and what is allowed.
+``Literal`` types are the choices; each field's ``help`` metadata (see :func:`setting`) is what
+the command line shows, so the CLI's options, defaults, choices and help come from here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import operator
 import re
 import tomllib
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
 from nopelab.errors import ConfigError
 
-POS_ENCODINGS = ("none", "learned", "sinusoidal", "rope", "alibi")
-INITS = (
-    "normal",
-    "gpt2",
-    "xavier_normal",
-    "xavier_uniform",
-    "kaiming_uniform",
-    "uniform",
-    "pytorch",
-)
-NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "swiglu")
-NORM_POSITIONS = ("pre", "post")
-INPUTS = ("random", "tokens", "data", "prompts")
-DTYPES = ("float32", "bfloat16", "float16")
-SITES = ("embed", "attn_heads", "attn_out", "resid_mid", "mlp_out", "resid_post")  # model order
+PosEncoding = Literal["none", "learned", "sinusoidal", "rope", "alibi"]
+Init = Literal[
+    "normal", "gpt2", "xavier_normal", "xavier_uniform", "kaiming_uniform", "uniform", "pytorch"
+]
+Norm = Literal["layernorm", "rmsnorm"]
+Mlp = Literal["gelu", "swiglu"]
+NormPosition = Literal["pre", "post"]
+Input = Literal["random", "tokens", "data", "prompts"]
+Dtype = Literal["float32", "bfloat16", "float16"]
+Site = Literal["embed", "attn_heads", "attn_out", "resid_mid", "mlp_out", "resid_post"]
+Precision = Literal["auto", "float32", "bfloat16"]
+Tokenizer = Literal["byte", "bpe"]
+Probe = Literal["linear-cls", "mlp-cls", "linear-reg", "mlp-reg"]
+Target = Literal["position", "distance"]
+Split = Literal["sequences", "vocab"]
+Intervention = Literal["equalize-norm", "shuffle-norm", "leace", "leace-shuffled", "leace-rotated"]
+Concept = Literal["onehot", "scalar"]
+
+POS_ENCODINGS = get_args(PosEncoding)
+INITS = get_args(Init)
+NORMS = get_args(Norm)
+MLPS = get_args(Mlp)
+NORM_POSITIONS = get_args(NormPosition)
+INPUTS = get_args(Input)
+DTYPES = get_args(Dtype)
+SITES = get_args(Site)  # model order
 BLOCK_SITES = SITES[1:]
 DEFAULT_SITES = tuple(site for site in SITES if site != "attn_heads")  # attn_heads on request
+PRECISIONS = get_args(Precision)
+TOKENIZERS = get_args(Tokenizer)
+PROBES = get_args(Probe)
+TARGETS = get_args(Target)
+SPLITS = get_args(Split)
+INTERVENTIONS = get_args(Intervention)
+CONCEPTS = get_args(Concept)
+FEATURES = ("raw", "norm", "variance", "cos_last", "cos_row")
+
+MAX_INT = 2**31 - 1  # counts, sizes and lengths
+MAX_SEED = 2**63 - 1
+MAX_BPE_VOCAB = 2**20
+
+
+def setting(default: Any, help: str, *, flag: str | None = None, shown: str | None = None) -> Any:
+    """A config field with its command-line face.
+
+    ``help``: one sentence, without choices or default (both are added from the type and the
+    default); ``flag``: the option's name when it is not ``--field-name`` (``"--layers"``), or a
+    ``"--on/--off"`` pair for a bool; ``shown``: how help shows the default when the value alone
+    would not say it (``"all"`` for an empty layer list).
+    """
+    return field(default=default, metadata={"help": help, "flag": flag, "shown": shown})
 
 
 def check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -70,21 +108,54 @@ def _as_tuple(name: str, value: Any) -> tuple:
     return tuple(value)
 
 
-MAX_INT = 2**31 - 1  # counts, sizes and lengths
-MAX_SEED = 2**63 - 1
-MAX_BPE_VOCAB = 2**20
+def without_none(hint: Any) -> tuple[Any, bool]:
+    """``X | None`` → ``(X, True)``; any other type → ``(type, False)``."""
+    if get_origin(hint) in (Union, types.UnionType) and type(None) in get_args(hint):
+        rest = [arg for arg in get_args(hint) if arg is not type(None)]
+        return functools.reduce(operator.or_, rest), True
+    return hint, False
+
+
+def choices_of(hint: Any) -> tuple[str, ...] | None:
+    """The allowed values of a ``Literal`` type or of a tuple of one (``tuple[Site, ...]``)."""
+    hint, _ = without_none(hint)
+    if get_origin(hint) is tuple:
+        hint = get_args(hint)[0]
+    return get_args(hint) if get_origin(hint) is Literal else None
+
+
+def _as_list_fields(obj: Any) -> None:
+    """Turn every tuple setting given as a list (config files, JSON) into a tuple."""
+    hints = get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        if get_origin(without_none(hints[f.name])[0]) is tuple:
+            object.__setattr__(obj, f.name, _as_tuple(f.name, getattr(obj, f.name)))
 
 
 def check_types(obj: Any) -> None:
-    """Reject values of the wrong type (e.g. a string where an int belongs)."""
+    """Reject values of the wrong type (a string where an int belongs) or outside a
+    ``Literal``'s choices; tuple settings given as lists become tuples."""
+    _as_list_fields(obj)
     hints = get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
-        value, hint = getattr(obj, f.name), hints[f.name]
+        value, (hint, optional) = getattr(obj, f.name), without_none(hints[f.name])
+        if value is None and optional:
+            continue
+        choices = choices_of(hint)
+        if choices is not None and get_origin(hint) is tuple:
+            check_choices(f.name, value, choices)
+            continue
+        if choices is not None:
+            if not isinstance(value, str):
+                raise ConfigError(f.name, f"expected str, got {value!r}")
+            check_choice(f.name, value, choices)
+            continue
         expected = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}.get(hint)
         if expected is None:
             continue
         if (isinstance(value, bool) and hint is not bool) or not isinstance(value, expected):
-            raise ConfigError(f.name, f"expected {hint.__name__}, got {value!r}")
+            kind = f"{hint.__name__} or None" if optional else hint.__name__
+            raise ConfigError(f.name, f"expected {kind}, got {value!r}")
         limit = MAX_SEED if f.name.endswith("seed") else MAX_INT
         if hint is int and not isinstance(value, bool) and abs(value) > limit:
             raise ConfigError(f.name, f"must be at most {limit} in size, got {value!r}")
@@ -107,31 +178,34 @@ class ModelConfig:
     character vocabulary, pre-LN, no biases, tied embeddings).
     """
 
-    vocab_size: int = 96
-    d_model: int = 384
-    n_layers: int = 6
-    n_heads: int = 6
-    max_seq_len: int = 256
-    pos_encoding: str = "none"
-    nope_layers: tuple[int, ...] = ()  # 1-based layers whose attention ignores rope/alibi
-    rope_theta: float = 10000.0
-    bidirectional: bool = False
-    norm: str = "layernorm"
-    norm_position: str = "pre"
-    norm_eps: float = 1e-5
-    bias: bool = False
-    mlp_ratio: int = 4
-    mlp: str = "gelu"  # gelu: fc → GELU → proj; swiglu: proj(silu(gate) * up), as in Llama
-    tie_embeddings: bool = True
-    dropout: float = 0.0
+    vocab_size: int = setting(96, "Vocabulary size (training sets it from the data)")
+    d_model: int = setting(384, "Hidden size")
+    n_layers: int = setting(6, "Number of blocks", flag="--layers")
+    n_heads: int = setting(6, "Attention heads", flag="--heads")
+    max_seq_len: int = setting(256, "Learned position table size")
+    pos_encoding: PosEncoding = setting("none", "Positional encoding")
+    nope_layers: tuple[int, ...] = setting(
+        (), "1-based layers whose attention skips rope/alibi, e.g. 2,4", shown="none"
+    )
+    rope_theta: float = setting(10000.0, "RoPE base")
+    bidirectional: bool = setting(False, "Attention mask", flag="--bidirectional/--causal")
+    norm: Norm = setting("layernorm", "Normalisation")
+    norm_position: NormPosition = setting("pre", "Norm before (pre-LN) or after each sublayer")
+    norm_eps: float = setting(1e-5, "Norm epsilon")
+    bias: bool = setting(False, "Biases in linear layers and norms")
+    mlp_ratio: int = setting(4, "MLP width as a multiple of the hidden size")
+    mlp: Mlp = setting("gelu", "MLP: fc → GELU → proj, or Llama's gated proj(silu(gate) * up)")
+    tie_embeddings: bool = setting(
+        True, "Output layer shares the token embedding", flag="--tie-embeddings/--untie-embeddings"
+    )
+    dropout: float = setting(0.0, "Dropout probability")
     # Weight init (model.init_weights): every weight matrix, embeddings and output projections
     # included, is re-drawn by the scheme; only gpt2 scales the residual projections by
     # 1/sqrt(2 n_layers). kaiming_uniform is kaiming_uniform_(a=1): U(±sqrt(3 / fan_in)).
-    init: str = "normal"
-    init_std: float = 0.02  # sigma for normal/gpt2; half-width a for uniform(-a, a)
+    init: Init = setting("normal", "Weight initialisation scheme")
+    init_std: float = setting(0.02, "σ of normal/gpt2 init; half-width a of uniform(-a, a)")
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "nope_layers", _as_tuple("nope_layers", self.nope_layers))
         check_types(self)
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "mlp_ratio"):
             check_positive(name, getattr(self, name))
@@ -141,11 +215,6 @@ class ModelConfig:
             )
         if self.pos_encoding == "rope" and self.head_dim % 2:
             raise ConfigError("d_model", f"rope needs an even head dimension, got {self.head_dim}")
-        check_choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
-        check_choice("norm", self.norm, NORMS)
-        check_choice("norm_position", self.norm_position, NORM_POSITIONS)
-        check_choice("mlp", self.mlp, MLPS)
-        check_choice("init", self.init, INITS)
         check_positive("init_std", self.init_std)
         check_positive("norm_eps", self.norm_eps)
         check_positive("rope_theta", self.rope_theta)
@@ -179,20 +248,22 @@ class ModelConfig:
 class AnalysisConfig:
     """What to feed a model and which statistics to collect."""
 
-    seq_len: int = 256
-    samples: int = 64
-    batch_size: int = 8
-    # random vectors (Chi et al.), uniform token ids, a run's own held-out data, or (task runs)
-    # its test prompts one per sequence, left-padded with newlines to seq_len (Zuo et al.)
-    input: str = "random"
-    sites: tuple[str, ...] = DEFAULT_SITES
-    attn_entropy: bool = False
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "float32"
+    seq_len: int = setting(256, "Sequence length")
+    samples: int = setting(64, "Number of sequences")
+    batch_size: int = setting(8, "Sequences per forward pass")
+    input: Input = setting(
+        "random",
+        "N(0,1) vectors (Chi et al.), uniform token ids, a run's held-out task lines or text, or "
+        "a task run's test prompts one per sequence, left-padded with newlines to --seq-len "
+        "(Zuo et al.); a run directory or hf: model defaults to data",
+    )
+    sites: tuple[Site, ...] = setting(DEFAULT_SITES, "Comma-separated sites to measure")
+    attn_entropy: bool = setting(False, "Also record attention entropy and logit spread")
+    seed: int = setting(0, "Seed for weights and inputs")
+    device: str = setting("auto", "auto, cpu, cuda[:N] or mps")
+    dtype: Dtype = setting("float32", "Activation precision")
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sites", _as_tuple("sites", self.sites))
         check_types(self)
         for name in ("seq_len", "samples", "batch_size"):
             check_positive(name, getattr(self, name))
@@ -200,9 +271,6 @@ class AnalysisConfig:
             raise ConfigError(
                 "seq_len", f"must be >= 3 for the adjacency score, got {self.seq_len}"
             )
-        check_choice("input", self.input, INPUTS)
-        check_choice("dtype", self.dtype, DTYPES)
-        check_choices("sites", self.sites, SITES)
         check_device(self.device)
 
     def check_model(self, model: ModelConfig) -> None:
@@ -212,6 +280,28 @@ class AnalysisConfig:
                 "seq_len",
                 f"{self.seq_len} exceeds the learned position table (max_seq_len={model.max_seq_len})",
             )
+
+
+@dataclass(frozen=True)
+class HFConfig:
+    """How to load and run a Hugging Face model (``hf:PATH``)."""
+
+    text: str = setting(
+        "default", "Text for --input data: default (the corpus's held-out tail), a file or folder"
+    )
+    max_layers: int | None = setting(None, "Analyse only the first N layers", shown="all")
+    trust_remote_code: bool = setting(
+        False, "Let the model folder run its own Python code (auto_map); only for models you trust"
+    )
+    rope_off: tuple[int, ...] | Literal["all"] = setting(
+        (), "Switch RoPE off in these 1-based layers, e.g. 4,8,12, or all", shown="none"
+    )
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.rope_off != "all":
+            object.__setattr__(self, "rope_off", _as_tuple("rope_off", self.rope_off))
+            _layer_numbers("rope_off", self.rope_off)
 
 
 @dataclass(frozen=True)
@@ -284,10 +374,6 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-PRECISIONS = ("auto", "float32", "bfloat16")
-TOKENIZERS = ("byte", "bpe")
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     """How to train: optimiser, schedule, evaluation and checkpoints.
@@ -296,24 +382,24 @@ class TrainConfig:
     linear warm-up then cosine decay to ``min_lr_ratio * lr``), shortened for a CPU.
     """
 
-    steps: int = 2000
-    batch_size: int = 32  # global batch (split across processes under torchrun)
-    seq_len: int = 256
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup: int = 100
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0  # 0 turns clipping off
-    eval_every: int = 250
-    eval_samples: int = 512  # task: test examples decoded at each evaluation (all at the end)
-    eval_tokens: int = 32768  # text: held-out tokens per evaluated length
-    checkpoint_every: int = 250
-    compile: bool = False
-    precision: str = "auto"  # auto: bfloat16 autocast on CUDA, float32 elsewhere
-    device: str = "auto"
-    seed: int = 0
+    steps: int = setting(2000, "Optimiser steps")
+    batch_size: int = setting(32, "Global batch in sequences (split across torchrun processes)")
+    seq_len: int = setting(256, "Training context (--layout padded: the task's longest line)")
+    lr: float = setting(1e-3, "Peak learning rate")
+    min_lr_ratio: float = setting(0.1, "Final learning rate as a fraction of the peak")
+    warmup: int = setting(100, "Warm-up steps")
+    weight_decay: float = setting(0.1, "AdamW weight decay")
+    beta1: float = setting(0.9, "AdamW β1")
+    beta2: float = setting(0.99, "AdamW β2")
+    grad_clip: float = setting(1.0, "Gradient-norm clip, 0 = off")
+    eval_every: int = setting(250, "Steps between evaluations")
+    eval_samples: int = setting(512, "Task: test examples decoded per evaluation (all at the end)")
+    eval_tokens: int = setting(32768, "Text: held-out tokens per evaluated length")
+    checkpoint_every: int = setting(250, "Steps between checkpoints")
+    compile: bool = setting(False, "torch.compile the model")
+    precision: Precision = setting("auto", "auto: bfloat16 autocast on CUDA, float32 elsewhere")
+    device: str = setting("auto", "auto, cpu, cuda[:N] or mps")
+    seed: int = setting(0, "Seed for data, weights and dropout")
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -329,7 +415,6 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)!r}")
-        check_choice("precision", self.precision, PRECISIONS)
         check_device(self.device)
 
 
@@ -337,17 +422,19 @@ class TrainConfig:
 class CorpusConfig:
     """Which text to train a language model on, and how to tokenise it."""
 
-    source: str = (
-        "default"  # default | a .txt file | a folder of .txt | .jsonl | .parquet | hf:NAME
+    source: str = setting(
+        "default",
+        "default (World English Bible), a .txt file, a folder of .txt, .jsonl, .parquet or "
+        "hf:NAME[:SPLIT]",
+        flag="--corpus",
     )
-    column: str = "text"  # the text column of a .jsonl, .parquet or Hugging Face dataset
-    tokenizer: str = "byte"
-    bpe_vocab: int = 4096
-    val_fraction: float = 0.05
+    column: str = setting("text", "Text column of a .jsonl, .parquet or Hugging Face dataset")
+    tokenizer: Tokenizer = setting("byte", "Bytes, or a byte-level BPE trained on the corpus")
+    bpe_vocab: int = setting(4096, "BPE vocabulary size")
+    val_fraction: float = setting(0.05, "Share of the corpus held out")
 
     def __post_init__(self) -> None:
         check_types(self)
-        check_choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.tokenizer == "bpe" and not 256 < self.bpe_vocab <= MAX_BPE_VOCAB:
             raise ConfigError(
                 "bpe_vocab", f"must be in 257..{MAX_BPE_VOCAB} for a BPE, got {self.bpe_vocab}"
@@ -359,12 +446,6 @@ class CorpusConfig:
 def check_device(device: str) -> None:
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", device):
         raise ConfigError("device", f"unknown device {device!r}; allowed: auto, cpu, cuda[:N], mps")
-
-
-FEATURES = ("raw", "norm", "variance", "cos_last", "cos_row")
-PROBES = ("linear-cls", "mlp-cls", "linear-reg", "mlp-reg")
-TARGETS = ("position", "distance")
-SPLITS = ("sequences", "vocab")
 
 
 def feature_names(combination: str) -> tuple[str, ...]:
@@ -385,29 +466,38 @@ class ProbeConfig:
     (``"norm+cos_last"``). ``layers`` empty means every layer the chosen sites have.
     """
 
-    layers: tuple[int, ...] = ()
-    probes: tuple[str, ...] = ("linear-cls", "mlp-reg")
-    features: tuple[str, ...] = ("raw",)
-    target: str = "position"  # absolute position, or distance to the last token
-    split: str = "sequences"  # held-out sequences, or sequences built from held-out tokens
-    seeds: int = 3
-    test_fraction: float = 0.2
-    hidden: int = 64  # MLP probes: one hidden ReLU layer of this width (Zuo et al.: 64)
-    epochs: int = 20
-    batch_size: int = 128
-    lr: float = 1e-3
-    memory_gb: float = 4.0  # activations beyond this are kept in memory-mapped files
+    layers: tuple[int, ...] = setting(
+        (), "Layers to probe, e.g. 0,3,6 (embed is 0)", flag="--probe-layers", shown="all"
+    )
+    probes: tuple[Probe, ...] = setting(("linear-cls", "mlp-reg"), "Comma-separated probes")
+    features: tuple[str, ...] = setting(
+        ("raw",),
+        f"Comma-separated feature sets from {', '.join(FEATURES)}; join with + to combine, "
+        "e.g. raw,norm+cos_last",
+    )
+    target: Target = setting("position", "Absolute position, or distance to the last token")
+    split: Split = setting(
+        "sequences",
+        "Held-out sequences, or train and test sequences from disjoint halves of the "
+        "vocabulary (needs --input tokens)",
+    )
+    seeds: int = setting(
+        3, "Probe repeats (split and initialisation) for mean ± std", flag="--probe-seeds"
+    )
+    test_fraction: float = setting(0.2, "Share of sequences held out")
+    hidden: int = setting(64, "MLP probes: width of the hidden ReLU layer (Zuo et al.: 64)")
+    epochs: int = setting(20, "Epochs of the MLP and linear-cls probes")
+    batch_size: int = setting(128, "Probe training batch", flag="--probe-batch-size")
+    lr: float = setting(1e-3, "Probe learning rate", flag="--probe-lr")
+    memory_gb: float = setting(4.0, "Activations beyond this are kept in memory-mapped files")
 
     def __post_init__(self) -> None:
-        for name in ("layers", "probes", "features"):
-            object.__setattr__(self, name, _as_tuple(name, getattr(self, name)))
         check_types(self)
         for name in ("seeds", "hidden", "epochs", "batch_size", "lr", "memory_gb"):
             check_positive(name, getattr(self, name))
         if not 0 < self.test_fraction < 1:
             raise ConfigError("test_fraction", f"must be in (0, 1), got {self.test_fraction!r}")
         _layer_numbers("layers", self.layers)
-        check_choices("probes", self.probes, PROBES)
         if not self.features:
             raise ConfigError("features", f"needs at least one of: {', '.join(FEATURES)}")
         for combination in self.features:
@@ -416,12 +506,6 @@ class ProbeConfig:
                     "features", f"expected names like norm+cos_last, got {combination!r}"
                 )
             feature_names(combination)
-        check_choice("target", self.target, TARGETS)
-        check_choice("split", self.split, SPLITS)
-
-
-INTERVENTIONS = ("equalize-norm", "shuffle-norm", "leace", "leace-shuffled", "leace-rotated")
-CONCEPTS = ("onehot", "scalar")
 
 
 @dataclass(frozen=True)
@@ -435,18 +519,22 @@ class InterventionConfig:
     token exactly as far as ``leace`` does, in a randomly rotated direction, losing nothing.
     """
 
-    site: str = "attn_out"
-    layers: tuple[int, ...] = ()  # empty: every layer of the site
-    interventions: tuple[str, ...] = INTERVENTIONS
-    concept: str = "onehot"  # what LEACE erases: one-hot position (all classes) or the scalar
-    fit_samples: int = 64  # sequences to fit the erasers and the common norm on
+    site: Site = setting("attn_out", "Site to edit")
+    layers: tuple[int, ...] = setting(
+        (), "Layers to edit, e.g. 1,2", flag="--at-layers", shown="every layer"
+    )
+    interventions: tuple[Intervention, ...] = setting(
+        INTERVENTIONS,
+        "Comma-separated edits (shuffle-norm, leace-shuffled, leace-rotated: controls)",
+    )
+    concept: Concept = setting(
+        "onehot", "What LEACE erases: every position class, or the position as one number"
+    )
+    fit_samples: int = setting(64, "Held-out sequences to fit the edits on")
+    eval_samples: int = setting(256, "Task: test examples decoded per evaluation")
 
     def __post_init__(self) -> None:
-        for name in ("layers", "interventions"):
-            object.__setattr__(self, name, _as_tuple(name, getattr(self, name)))
         check_types(self)
-        check_choice("site", self.site, SITES)
         check_positive("fit_samples", self.fit_samples)
+        check_positive("eval_samples", self.eval_samples)
         _layer_numbers("layers", self.layers)
-        check_choices("interventions", self.interventions, INTERVENTIONS)
-        check_choice("concept", self.concept, CONCEPTS)

@@ -210,7 +210,6 @@ def run_interventions(
     probe: ProbeConfig,
     analysis: AnalysisConfig,
     *,
-    eval_samples: int = 256,
     eval_tokens: int = 16384,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
@@ -221,7 +220,7 @@ def run_interventions(
     the fit set is ``cfg.fit_samples`` other held-out sequences of the same length. ``probe``
     gives the probes, feature sets and seeds (its ``layers`` are ignored: probes sit at the
     intervened site and at the last layer's ``resid_post``). The behaviour is the run's own
-    evaluation on at most ``eval_samples`` test examples (task) or ``eval_tokens`` held-out
+    evaluation on at most ``cfg.eval_samples`` test examples (task) or ``eval_tokens`` held-out
     tokens per length (text).
 
     Returns one row per layer and intervention, plus an unmodified row (``intervention`` none):
@@ -243,7 +242,7 @@ def run_interventions(
     model = model.to(device=device, dtype=getattr(torch, analysis.dtype)).eval()
     small = dataclasses.replace(
         run.train,
-        eval_samples=min(eval_samples, run.train.eval_samples),
+        eval_samples=min(cfg.eval_samples, run.train.eval_samples),
         eval_tokens=min(eval_tokens, run.train.eval_tokens),
     )
     source = make_source(dataclasses.replace(run, train=small), run_dir)

@@ -27,21 +27,26 @@ import random
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from nopelab.config import check_choice, check_positive, check_types
+from nopelab.config import check_choice, check_positive, check_types, setting
 from nopelab.errors import ConfigError, UserError
 
 VOCAB = "\n" + "".join(chr(c) for c in range(32, 127))  # token id = index in VOCAB
 NEWLINE = 0  # token id of "\n": line end and left padding
-TASKS = ("add", "reverse", "order", "wherex", "copy", "count")
+Task = Literal["add", "reverse", "order", "wherex", "copy", "count"]
+Format = Literal["zuo", "plain"]
+Layout = Literal["packed", "windows", "padded"]
+LossMode = Literal["answer", "all"]
+TASKS = get_args(Task)
 ZUO_TASKS = TASKS[:4]  # the tasks that have Zuo's format
-FORMATS = ("zuo", "plain")
-LAYOUTS = ("packed", "windows", "padded")
-LOSS_MODES = ("answer", "all")
+FORMATS = get_args(Format)
+LAYOUTS = get_args(Layout)
+LOSS_MODES = get_args(LossMode)
 IGNORE = -100  # target id that cross-entropy skips (PyTorch's default ignore_index)
 
 DEFAULT_LENGTHS = {
@@ -96,38 +101,34 @@ class TaskConfig:
     ``format = None`` means ``zuo`` where the task has it, else ``plain``.
     """
 
-    name: str = "add"
-    format: str | None = None
-    min_len: int | None = None
-    max_len: int | None = None
-    test_min_len: int | None = None
-    test_max_len: int | None = None
-    reversed_answer: bool = False  # plain add only: the sum's digits least-significant first
-    train_size: int = 10_000
-    test_size: int = 1_000
-    layout: str = "packed"
-    loss_mode: str = "answer"
+    name: Task = setting("add", "Synthetic task", flag="--task")
+    format: Format | None = setting(
+        None,
+        "zuo ($50+148=891$, Zuo et al.'s data files) or plain (123+45=168)",
+        shown="zuo where the task has it",
+    )
+    min_len: int | None = setting(None, "Shortest training operand", shown="task default")
+    max_len: int | None = setting(None, "Longest training operand", shown="task default")
+    test_min_len: int | None = setting(None, "Shortest test operand", shown="--min-len")
+    test_max_len: int | None = setting(None, "Longest test operand", shown="--max-len")
+    reversed_answer: bool = setting(
+        False,
+        "Plain add: the sum's digits least-significant first",
+        flag="--reversed-answer/--plain-answer",
+    )
+    train_size: int = setting(10_000, "Training lines")
+    test_size: int = setting(1_000, "Test lines")
+    layout: Layout = setting(
+        "packed",
+        "Lines end to end, random windows of the concatenated lines (as Zuo et al.), or one "
+        "line per row with the prompt left-padded",
+    )
+    loss_mode: LossMode = setting(
+        "answer", "Loss on answers only, or on every character (as Zuo et al.)"
+    )
 
     def __post_init__(self) -> None:
-        check_types(self)
-        check_choice("task", self.name, TASKS)
-        if self.format is not None:
-            if not isinstance(self.format, str):
-                raise ConfigError("format", f"expected str or None, got {self.format!r}")
-            check_choice("format", self.format, FORMATS)
-            if self.format == "zuo" and self.name not in ZUO_TASKS:
-                raise ConfigError(
-                    "format", f"{self.name} has only the plain format; allowed: plain"
-                )
-        check_choice("layout", self.layout, LAYOUTS)
-        check_choice("loss_mode", self.loss_mode, LOSS_MODES)
-        check_positive("train_size", self.train_size)
-        check_positive("test_size", self.test_size)
-        if self.reversed_answer and (self.name != "add" or self.resolved_format != "plain"):
-            raise ConfigError(
-                "reversed_answer",
-                "only allowed with the plain add format (Zuo's add format is always reversed)",
-            )
+        check_choice("task", self.name, TASKS)  # named as the flag: "name" would say little
         limit = LENGTH_LIMITS.get(self.name, MAX_LEN)
         for field in ("min_len", "max_len", "test_min_len", "test_max_len"):
             value = getattr(self, field)
@@ -140,6 +141,16 @@ class TaskConfig:
                 raise ConfigError(
                     field, f"{value} is not allowed for {self.name}; allowed: {allowed}"
                 )
+        check_types(self)
+        if self.format == "zuo" and self.name not in ZUO_TASKS:
+            raise ConfigError("format", f"{self.name} has only the plain format; allowed: plain")
+        check_positive("train_size", self.train_size)
+        check_positive("test_size", self.test_size)
+        if self.reversed_answer and (self.name != "add" or self.resolved_format != "plain"):
+            raise ConfigError(
+                "reversed_answer",
+                "only allowed with the plain add format (Zuo's add format is always reversed)",
+            )
         for prefix, (lo, hi) in (("", self.train_lengths), ("test_", self.test_lengths)):
             if lo > hi:
                 unset = getattr(self, f"{prefix}max_len") is None

@@ -1,0 +1,74 @@
+"""``nopelab intervene``: edit one site of a trained model and measure what is lost."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from nopelab.cli import resolve
+from nopelab.cli.app import ANALYSIS, OUTPUT, PROBE, Force, Out, app
+from nopelab.cli.options import Given, Group, with_options
+from nopelab.config import AnalysisConfig, InterventionConfig, ProbeConfig
+
+INTERVENTION = "Intervention"
+
+
+@app.command()
+@with_options(
+    Group("intervention", InterventionConfig, INTERVENTION),
+    Group(
+        "analysis",
+        AnalysisConfig,
+        ANALYSIS,
+        only=("seq_len", "samples", "seed", "device"),
+        shown={"seq_len": "the run's training length"},
+    ),
+    Group("probe", ProbeConfig, PROBE, only=("probes", "features", "seeds", "epochs")),
+)
+def intervene(
+    run_dir: Annotated[Path, typer.Argument(help="A training run directory")],
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="TOML, YAML or JSON with \\[intervention], \\[analysis] and \\[probe] tables; "
+            "flags override it.",
+            rich_help_panel=OUTPUT,
+        ),
+    ] = None,
+    out: Out = None,
+    force: Force = False,
+    *,
+    given: Given,
+) -> None:
+    """Edit one site of a trained model (norm equalisation, LEACE position erasure, and their
+    controls) and measure what its behaviour and the downstream probes lose, per layer."""
+    from nopelab.config import build, read_config_file
+    from nopelab.interventions import run_interventions, write_interventions
+    from nopelab.rundir import default_out, staged_run
+    from nopelab.train import read_run
+
+    data: dict[str, Any] = read_config_file(config) if config else {}
+    resolve.check_sections(data, ("intervention", "analysis", "probe"))
+    run = read_run(run_dir)
+    for section in ("intervention", "analysis", "probe"):
+        given.lay_over(data, section)
+    data["analysis"].setdefault("seq_len", run.train.seq_len)
+    data["analysis"].setdefault("input", "data")
+    cfg = build(InterventionConfig, data["intervention"], "config.intervention")
+    analysis = build(AnalysisConfig, data["analysis"], "config.analysis")
+    probe_cfg = build(ProbeConfig, data["probe"], "config.probe")
+    out = out or default_out(f"intervene-{run_dir.name}")
+    with staged_run(out, force, resolve.inputs(run_dir), command="intervene") as staging:
+        rows = run_interventions(run_dir, cfg, probe_cfg, analysis)
+        config_dict = {
+            "run": str(run_dir),
+            "intervention": dataclasses.asdict(cfg),
+            "analysis": dataclasses.asdict(analysis),
+            "probe": dataclasses.asdict(probe_cfg),
+        }
+        write_interventions(staging, rows, config_dict, title=f"trained model {run_dir}")
+    typer.echo(f"wrote {out}; see {out / 'summary.md'}")

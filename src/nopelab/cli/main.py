@@ -1,0 +1,129 @@
+"""The ``nopelab`` entry point: exit statuses, and errors that name the flag the user typed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+import typer
+
+from nopelab.allocator import keep_freed_memory
+from nopelab.cli.app import app
+from nopelab.cli.options import COMMANDS
+from nopelab.errors import RunFailed, UserError
+from nopelab.rundir import is_disk_full
+
+
+def main() -> None:
+    """Entry point: user errors become one line on stderr and exit status 2, a failed run 1,
+    an interrupt (SIGINT or SIGTERM) 130."""
+    keep_freed_memory()
+    # `kill`, `timeout` and job schedulers send SIGTERM: it stops a run as Ctrl-C does
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _redeliver_interrupt
+    try:
+        _run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = previous_hook
+
+
+def _run() -> None:
+    try:
+        code = app(standalone_mode=False)  # typer turns Ctrl-C inside a command into 130
+        if code == 130:
+            typer.echo(INTERRUPTED, err=True)
+        if code:
+            sys.exit(code)
+    except UserError as exc:
+        typer.echo(f"nopelab: error: {_as_typed(exc)}", err=True)
+        sys.exit(2)
+    except RunFailed as exc:
+        typer.echo(f"nopelab: error: {exc}", err=True)
+        sys.exit(1)
+    except typer.Abort:
+        typer.echo("nopelab: aborted", err=True)
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.TyperException as exc:  # usage errors from the parser (unknown flag, bad int)
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        opts = getattr(getattr(exc, "param", None), "opts", None)
+        if opts and message and getattr(exc, "message", None):  # a flag's value: name the flag
+            typed = [o for o in opts if _was_typed(o, sys.argv)]
+            message = f"{(typed or opts)[0]}: {exc.message[0].lower()}{exc.message[1:]}"
+        if message:  # empty when the parser has already printed the help instead
+            typer.echo(f"nopelab: error: {message}", err=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except KeyboardInterrupt:
+        typer.echo(INTERRUPTED, err=True)
+        sys.exit(130)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        where = f" while writing {exc.filename}" if exc.filename else ""
+        typer.echo(f"nopelab: error: {exc.strerror}{where}; nothing half-written is kept", err=True)
+        sys.exit(1)
+
+
+INTERRUPTED = "nopelab: interrupted; nothing was written"
+
+SECTIONS = {"model", "analysis", "train", "task", "corpus", "probe", "intervention"}
+
+
+def _as_typed(exc: UserError) -> str:
+    """The error, naming the flag the user typed (``--layers``) rather than the config field it
+    sets (``n_layers``); a value that came from a config file keeps the field's name."""
+    from nopelab.errors import ConfigError
+
+    argv = sys.argv[1:]
+    if not isinstance(exc, ConfigError) or not argv:
+        return str(exc)
+    field = exc.field.rsplit(".", 1)[-1]
+    if "." in exc.field and field in SECTIONS:  # a [section] of a config file, not a flag
+        return str(exc)
+    options = COMMANDS.get(argv[0], ())
+    flags = [o.flag for o in options if o.field.name == field] or ["--" + field.replace("_", "-")]
+    # a flag typed, and (when the message quotes the bad value) with that value: a same-named
+    # setting in another section, or in a config file, keeps its own name
+    got = exc.message.rsplit("got ", 1)[1] if "got " in exc.message else None
+    for flag in flags:
+        values = [
+            argv[i + 1] if arg == flag else arg.split("=", 1)[1]
+            for i, arg in enumerate(argv)
+            if (arg == flag and i + 1 < len(argv)) or arg.startswith(f"{flag}=")
+        ]
+        if _was_typed(flag, argv) and (got is None or any(_same_value(v, got) for v in values)):
+            return f"{flag}: {exc.message}"
+    return str(exc)
+
+
+def _was_typed(flag: str, argv: list[str]) -> bool:
+    return any(arg == flag or arg.startswith(f"{flag}=") for arg in argv)
+
+
+def _same_value(typed: str, got: str) -> bool:
+    """Whether a flag's text is the value an error message quotes (``1e400`` is ``inf``)."""
+    if typed in got:
+        return True
+    try:
+        return float(typed) == float(got.strip("'\""))
+    except ValueError:
+        return False
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _redeliver_interrupt(unraisable: Any) -> None:
+    """An interrupt raised while C code was calling back into Python (numba compiling a kernel)
+    is swallowed there: deliver it again a moment later, back in ordinary Python code."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+    else:
+        sys.__unraisablehook__(unraisable)

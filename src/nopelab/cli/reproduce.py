@@ -1,0 +1,126 @@
+"""``nopelab reproduce``: a paper's results at a chosen scale."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nopelab.cli import resolve
+from nopelab.cli.app import app
+from nopelab.errors import UserError
+
+
+@app.command()
+def reproduce(
+    paper: Annotated[str, typer.Argument(help="chi2023 | zuo2025 | haviv2022 | real-model")],
+    part: Annotated[
+        str | None,
+        typer.Option(
+            help="chi2023: random-init | pretrained; zuo2025: random-init | trained | probes; "
+            "haviv2022: pretrained; real-model: smollm2"
+        ),
+    ] = None,
+    scale: Annotated[
+        str,
+        typer.Option(
+            help="smoke | small | medium (zuo2025 trained and probes: Zuo's task lengths, "
+            "~3 h on a CPU) | paper (full sizes, GPU advised)"
+        ),
+    ] = "small",
+    seed: Annotated[int, typer.Option(help="Seed for weights and inputs")] = 0,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda[:N]")] = "auto",
+    out: Annotated[
+        Path | None, typer.Option(help="Run directory \\[runs/PAPER-SCALE-TIMESTAMP]")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Replace a non-empty --out")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Continue an interrupted run in --out (zuo2025 trained and probes): finished "
+            "models are kept, an interrupted one continues from its checkpoint"
+        ),
+    ] = False,
+    models: Annotated[
+        Path | None,
+        typer.Option(
+            help="zuo2025 probes: take the NoPE models from this finished `--part trained` run "
+            "(same --scale, --seed, --device) instead of training them again"
+        ),
+    ] = None,
+) -> None:
+    """Reproduce a paper's results at a chosen scale, with figures and a markdown summary."""
+    from nopelab.experiments import EXPERIMENTS
+    from nopelab.rundir import default_out, resumable_run, staged_run
+
+    if paper not in EXPERIMENTS:
+        raise UserError(f"paper: unknown {paper!r}; allowed: {', '.join(EXPERIMENTS)}")
+    experiment = EXPERIMENTS[paper]
+    part = part or experiment.default_part
+    if part not in experiment.parts:
+        raise UserError(
+            f"--part: {paper} has no part {part!r}; allowed: {', '.join(experiment.parts)}"
+        )
+    runner = experiment.parts[part]
+    scales = (
+        ("smoke", "small", "medium", "paper") if runner.resumable else ("smoke", "small", "paper")
+    )
+    if scale not in scales:
+        raise UserError(f"--scale: unknown {scale!r}; allowed: {', '.join(scales)}")
+    if resume and not runner.resumable:
+        raise UserError(
+            f"--resume: {paper} --part {part} cannot be resumed; "
+            "allowed for zuo2025 --part trained and probes"
+        )
+    if resume and (out is None or force):
+        raise UserError("--resume: give the run folder with --out (and no --force)")
+    out = out or default_out(f"{paper}-{part}-{scale}")
+    from nopelab.runtime import resolve_device
+
+    resolve_device(device)
+    settings = runner.settings(scale, seed, device)  # validates before any output exists
+    if models is not None:
+        if (paper, part) != ("zuo2025", "probes"):
+            raise UserError("--models: only for zuo2025 --part probes")
+        from nopelab.experiments.zuo2025_probes import reuse_models
+
+        settings = reuse_models(settings, models)
+    if not runner.resumable:
+        with staged_run(out, force, (), command="reproduce") as staging:
+            runner.run(settings, staging)
+        typer.echo(f"wrote {out}; see {out / 'summary.md'}")
+        return
+    marker = {"paper": paper, "part": part, "scale": scale, "seed": seed, "device": device}
+    if models is not None:
+        marker["models"] = str(settings.models)
+    with resumable_run(out, marker, resume, force, resolve.inputs(models)) as folder:
+        try:
+            runner.run(settings, folder)
+        except KeyboardInterrupt:
+            again = shlex.join(
+                [
+                    "nopelab",
+                    "reproduce",
+                    paper,
+                    "--part",
+                    part,
+                    "--scale",
+                    scale,
+                    "--seed",
+                    str(seed),
+                    "--device",
+                    device,
+                    "--out",
+                    str(out),
+                    "--resume",
+                    *(["--models", str(models)] if models is not None else []),
+                ]
+            )
+            typer.echo(
+                f"nopelab: interrupted; finished models are kept: continue with {again}", err=True
+            )
+            sys.exit(130)
+    typer.echo(f"wrote {out}; see {out / 'summary.md'}")

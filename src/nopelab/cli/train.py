@@ -1,0 +1,138 @@
+"""``nopelab train``: a model on a synthetic task or on text; torchrun runs it data-parallel."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from nopelab.cli.app import DATA, MODEL_OPTIONS, OUTPUT, TRAINING, ConfigFile, Force, Out, app
+from nopelab.cli.options import Given, Group, with_options
+from nopelab.config import CorpusConfig, TrainConfig
+from nopelab.errors import RunFailed, UserError
+from nopelab.tasks import TaskConfig
+
+
+@app.command()
+@with_options(
+    Group("task", TaskConfig, DATA),
+    Group("corpus", CorpusConfig, DATA),
+    MODEL_OPTIONS,
+    Group("train", TrainConfig, TRAINING),
+)
+def train(
+    config: ConfigFile = None,
+    out: Out = None,
+    resume: Annotated[
+        bool,
+        typer.Option(help="Continue the run in --out from its checkpoint", rich_help_panel=OUTPUT),
+    ] = False,
+    tensorboard: Annotated[
+        bool,
+        typer.Option(
+            help="Also log to --out/tensorboard (needs the tensorboard package)",
+            rich_help_panel=OUTPUT,
+        ),
+    ] = False,
+    force: Force = False,
+    *,
+    given: Given,
+) -> None:
+    """Train a model on a synthetic task (--task) or on text (--corpus); torchrun runs it data-parallel."""
+    from nopelab.config import read_config_file
+    from nopelab.tasks import VOCAB
+    from nopelab.train import TrainRun, read_run
+    from nopelab.train import train as run_training
+
+    if resume and force:
+        raise UserError("--resume and --force exclude each other")
+    if resume and out is None:
+        raise UserError("--resume: give the run directory with --out")
+    if resume:
+        if not (out / "config.json").is_file():
+            raise UserError(f"--resume: {out} holds no training run (no config.json)")
+        data: dict[str, Any] = read_run(out).to_dict()
+    else:
+        data = read_config_file(config) if config else {}
+    task, corpus = given.section("task"), given.section("corpus")
+    if "name" in task:  # --task or --corpus picks what to train on
+        data.setdefault("task", {})
+    if "source" in corpus:
+        data.setdefault("corpus", {})
+    if not resume and "task" not in data and "corpus" not in data:
+        raise UserError(
+            "--task or --corpus: say what to train on (e.g. --task add or --corpus default)"
+        )
+    for section, other in (("task", "corpus"), ("corpus", "task")):
+        if section in data:
+            given.lay_over(data, section)
+        elif given.flags(section):
+            flag = given.flags(section)[0]
+            raise UserError(f"{flag}: only applies when training on a {section}, not a {other}")
+    given.lay_over(data, "model")
+    if not resume and "vocab_size" not in data["model"]:  # the data's vocabulary
+        data["model"]["vocab_size"] = (
+            len(VOCAB) if "task" in data else _corpus_vocab(data["corpus"])
+        )
+    padded = isinstance(data.get("task"), dict) and data["task"].get("layout") == "padded"
+    if not resume and padded and "seq_len" not in given.section("train") | data.get("train", {}):
+        from nopelab.config import build
+        from nopelab.tasks import max_line_len
+
+        # one line per row: a longer context would only add padding
+        data.setdefault("train", {})["seq_len"] = max_line_len(
+            build(TaskConfig, data["task"], "config.task")
+        )
+    given.lay_over(data, "train")
+    run = TrainRun.from_dict(data)
+    out = out or _default_out(run)
+    try:
+        summary = run_training(run, out, resume=resume, force=force, tensorboard=tensorboard)
+    except KeyboardInterrupt:
+        typer.echo(f"nopelab: interrupted; {_kept_checkpoint(out)}", err=True)
+        sys.exit(130)
+    except RunFailed as exc:
+        typer.echo(f"nopelab: error: {exc}; {_kept_checkpoint(out, hint=False)}", err=True)
+        sys.exit(1)
+    if summary is not None and int(os.environ.get("RANK", "0")) == 0:
+        typer.echo(
+            f"final evaluation: {_format_metrics(summary['final_eval'])}; "
+            f"{summary['tokens_per_second']:.0f} tokens/s"
+        )
+        typer.echo(f"wrote {out}")
+
+
+def _kept_checkpoint(out: Path, hint: bool = True) -> str:
+    """What a stopped training run kept, and (``hint``) how to continue it."""
+    from nopelab.checkpoint import STATE_FILE, read_state
+
+    if not (out / STATE_FILE).is_file():
+        return "no checkpoint yet: nothing was kept"
+    kept = f"the checkpoint of step {read_state(out)['step']} is kept"
+    if not hint:
+        return kept
+    return (
+        f"{kept}: continue with {shlex.join(['nopelab', 'train', '--resume', '--out', str(out)])}"
+    )
+
+
+def _corpus_vocab(corpus: dict[str, Any]) -> int:
+    """The model vocabulary a corpus setting implies (byte: 256; bpe: its vocabulary size)."""
+    if corpus.get("tokenizer", "byte") == "bpe":
+        return int(corpus.get("bpe_vocab", 4096))
+    return 256
+
+
+def _default_out(run: Any) -> Path:
+    from nopelab.rundir import default_out
+
+    what = run.task.name if run.task is not None else "text"
+    return default_out(f"train-{what}-{run.model.pos_encoding}")
+
+
+def _format_metrics(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
