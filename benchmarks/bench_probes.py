@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from nopelab.analysis import build_model, input_batches
 from nopelab.config import FEATURES, PROBES, AnalysisConfig, ModelConfig, ProbeConfig
-from nopelab.features import collect, feature_matrix
-from nopelab.probes import fit_probe, position_targets, sequence_splits
+from nopelab.measure.analysis import build_model, input_batches
+from nopelab.probing.features import collect, feature_matrix
+from nopelab.probing.probes import fit_probe, position_targets, sequence_splits
 
 
 def _timed(fn):

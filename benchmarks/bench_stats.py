@@ -19,10 +19,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from nopelab.allocator import keep_freed_memory
-from nopelab.capture import StreamingCapture
 from nopelab.config import SITES, ModelConfig
-from nopelab.metrics import (
+from nopelab.measure.capture import StreamingCapture
+from nopelab.measure.metrics import (
     adjacency_score,
     adjacency_score_bruteforce,
     cosine_matrix,
@@ -31,7 +30,8 @@ from nopelab.metrics import (
     norm_score_zuo,
     position_variance,
 )
-from nopelab.model import Transformer
+from nopelab.models.transformer import Transformer
+from nopelab.runtime.allocator import keep_freed_memory
 from timing import best_of, interleaved
 
 

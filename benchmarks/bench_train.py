@@ -12,7 +12,7 @@ Training step: forward, cross-entropy over all B x T positions, backward, gradie
 to 1.0, AdamW step (lr 3e-4, weight decay 0.1, betas (0.9, 0.99)), ``zero_grad(set_to_none=True)``.
 After ``--warmup`` untimed steps, ``--steps`` steps are timed one by one; the table reports the
 median step time (and the MFU of the best step, as a measure of what the machine can do when
-nothing else runs on it). The rows labelled ``nopelab.train`` time the same model and batch
+nothing else runs on it). The rows labelled ``nopelab.training.train`` time the same model and batch
 sizes through the real trainer (packed ``add`` lines, loss on answer tokens, logging), from
 the per-step times in its ``metrics.csv``; ``--no-trainer`` skips them. The last table times
 the smaller task model of ``reproduce zuo2025 --part trained`` (d = 128, 4 layers) through the
@@ -80,9 +80,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from nopelab.config import ModelConfig, TrainConfig
-from nopelab.model import Transformer
-from nopelab.tasks import TaskConfig, make_splits, max_line_len
-from nopelab.train import TrainRun, train
+from nopelab.models.transformer import Transformer
+from nopelab.training.tasks import TaskConfig, make_splits, max_line_len
+from nopelab.training.train import TrainRun, train
 from timing import best_of
 
 R = TypeVar("R")
@@ -197,7 +197,7 @@ def others_during(fn: Callable[[], R]) -> tuple[R, float | None]:
 
 
 def make_optimizer(model: nn.Module, impl: str) -> torch.optim.Optimizer:
-    """AdamW as ``nopelab.train`` builds it (weight decay 0.1 on the weight matrices only),
+    """AdamW as ``nopelab.training.train`` builds it (weight decay 0.1 on the weight matrices only),
     with the given implementation: ``forloop``, ``foreach`` or ``fused``."""
     kwargs = {"foreach": False}
     if impl == "foreach":
@@ -285,7 +285,7 @@ def time_training(
 
 
 def trainer_timing(run: TrainRun, batch: int, seq_len: int, warmup: int) -> Timing:
-    """Train ``run`` through ``nopelab.train`` itself; per-step times from its ``metrics.csv``
+    """Train ``run`` through ``nopelab.training.train`` itself; per-step times from its ``metrics.csv``
     after ``warmup`` steps."""
     with tempfile.TemporaryDirectory() as folder:
         _, others = others_during(lambda: train(run, Path(folder) / "run", progress=False))
@@ -314,7 +314,7 @@ def trainer_config(
 def time_trainer(
     batch: int, seq_len: int, steps: int, warmup: int, seed: int, device: str, precision: str
 ) -> Timing:
-    """The same model through ``nopelab.train`` itself (packed ``add`` lines, loss on answers,
+    """The same model through ``nopelab.training.train`` itself (packed ``add`` lines, loss on answers,
     clipping, fused AdamW, logging): per-step times from its ``metrics.csv``."""
     run = TrainRun(
         model=ModelConfig(max_seq_len=seq_len),
@@ -330,7 +330,7 @@ TASK_MODEL = ModelConfig(d_model=128, n_layers=4, n_heads=4)  # zuo2025 trained,
 def time_task_model(
     layout: str, batch: int, steps: int, warmup: int, threads: int
 ) -> tuple[Timing, int, float]:
-    """The zuo2025 ``trained`` task model (NoPE, d = 128, 4 layers) through ``nopelab.train``
+    """The zuo2025 ``trained`` task model (NoPE, d = 128, 4 layers) through ``nopelab.training.train``
     on Zuo-format 2-digit ``add``: ``padded`` lines (the CPU recipe, rows of one line) or
     ``packed`` rows of 64 characters (the recipe before it), with ``threads`` torch threads.
     Returns the timing, the row length and the task lines per row."""
@@ -412,7 +412,9 @@ def main() -> None:
         help="bfloat16: train under bf16 autocast, peak from bf16 matmuls",
     )
     parser.add_argument(
-        "--no-trainer", action="store_true", help="skip the rows timed through nopelab.train"
+        "--no-trainer",
+        action="store_true",
+        help="skip the rows timed through nopelab.training.train",
     )
     parser.add_argument(
         "--profile",
@@ -498,7 +500,7 @@ def main() -> None:
         f"{'batch':>5s} {'tokens/s':>9s} {'step ms':>9s} {'GFLOP/s':>8s} {'MFU':>6s} "
         f"{'best MFU':>9s} {'others':>7s}"
     )
-    for label, timings in (("bare step", rows), ("nopelab.train", trainer_rows)):
+    for label, timings in (("bare step", rows), ("nopelab.training.train", trainer_rows)):
         if timings:
             print(label)
         for t in timings:
@@ -513,7 +515,7 @@ def main() -> None:
     if not args.no_trainer and args.device == "cpu" and args.precision == "float32":
         print(
             "\nzuo2025 trained task model (NoPE, d = 128, 4 layers, 4 heads) through "
-            "nopelab.train, 2-digit add; lines/s = rows/s for padded rows of one line"
+            "nopelab.training.train, 2-digit add; lines/s = rows/s for padded rows of one line"
         )
         print(
             f"{'layout':>7s} {'batch':>5s} {'T':>3s} {'threads':>7s} {'tokens/s':>9s} {'lines/s':>8s}"

@@ -13,7 +13,7 @@ import pytest
 
 SCRIPT = """
 import ctypes, ctypes.util, sys
-from nopelab.allocator import keep_freed_memory
+from nopelab.runtime.allocator import keep_freed_memory
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (

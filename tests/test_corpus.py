@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from nopelab.corpus import TokenStream, default_corpus, load_text, split_ids
 from nopelab.errors import ConfigError
+from nopelab.training.corpus import TokenStream, default_corpus, load_text, split_ids
 
 
 def test_default_corpus() -> None:

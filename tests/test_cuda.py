@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 import torch
 
-from nopelab.analysis import analyze_model, build_model
 from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, TrainConfig
-from nopelab.probes import fit_probe, position_targets, sequence_splits
-from nopelab.tasks import TaskConfig
-from nopelab.train import TrainRun, train
+from nopelab.measure.analysis import analyze_model, build_model
+from nopelab.probing.probes import fit_probe, position_targets, sequence_splits
+from nopelab.training.tasks import TaskConfig
+from nopelab.training.train import TrainRun, train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -17,10 +17,10 @@ from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS, zuo2025_trained
 from nopelab.experiments import trained as trained_module
 from nopelab.experiments.trained import analyze_trained, train_into, train_many
-from nopelab.model import Transformer
-from nopelab.rundir import write_marker
-from nopelab.tasks import TaskConfig
-from nopelab.train import TrainRun, train
+from nopelab.models.transformer import Transformer
+from nopelab.runtime.rundir import write_marker
+from nopelab.training.tasks import TaskConfig
+from nopelab.training.train import TrainRun, train
 
 
 def reproduce(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,8 +16,8 @@ from conftest import run_cli
 from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
 from nopelab.errors import ConfigError
 from nopelab.hf.export import export
-from nopelab.model import Transformer
-from nopelab.train import TrainRun, load_trained, train
+from nopelab.models.transformer import Transformer
+from nopelab.training.train import TrainRun, load_trained, train
 
 ATOL = 1e-5
 VOCAB, T = 48, 16

@@ -13,16 +13,16 @@ import torch
 from conftest import run_cli
 from hf_tiny import ARCHITECTURES, LAYERS, ROPE_LAYERS, VOCAB, tiny
 from nopelab import limits
-from nopelab.analysis import analyze_model
-from nopelab.capture import observe
 from nopelab.config import DEFAULT_SITES, AnalysisConfig, ProbeConfig
 from nopelab.errors import ConfigError, UserError
 from nopelab.hf import load
 from nopelab.hf.positions import position_use, rope_off
 from nopelab.hf.sites import ARCHITECTURES as MAPPINGS
 from nopelab.hf.sites import HFModel
-from nopelab.metrics import position_variance
-from nopelab.probing import probe_model
+from nopelab.measure.analysis import analyze_model
+from nopelab.measure.capture import observe
+from nopelab.measure.metrics import position_variance
+from nopelab.probing.pipeline import probe_model
 
 
 def _capture(model: HFModel, idx: torch.Tensor, sites=DEFAULT_SITES, **kwargs) -> dict:

@@ -23,8 +23,9 @@ from nopelab.config import (
     TrainConfig,
 )
 from nopelab.errors import ConfigError
-from nopelab.features import collect
-from nopelab.interventions import (
+from nopelab.models.transformer import Transformer
+from nopelab.probing.features import collect
+from nopelab.probing.interventions import (
     applied,
     edit_size,
     fit_intervention,
@@ -32,10 +33,9 @@ from nopelab.interventions import (
     verdict,
     write_interventions,
 )
-from nopelab.model import Transformer
-from nopelab.probes import fit_probe, position_targets, sequence_splits, summarize
-from nopelab.tasks import TaskConfig
-from nopelab.train import TrainRun, train
+from nopelab.probing.probes import fit_probe, position_targets, sequence_splits, summarize
+from nopelab.training.tasks import TaskConfig
+from nopelab.training.train import TrainRun, train
 
 T, D = 12, 48
 PROBE = ProbeConfig(seeds=2, epochs=20)

@@ -11,7 +11,7 @@ import nopelab.limits as limits
 from conftest import run_cli
 from nopelab.config import AnalysisConfig, ModelConfig
 from nopelab.errors import UserError
-from nopelab.model import Transformer
+from nopelab.models.transformer import Transformer
 
 
 @pytest.mark.parametrize(

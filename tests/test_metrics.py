@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from nopelab.metrics import (
+from nopelab.measure.metrics import (
     AdjacencyCounts,
     adjacency_counts,
     adjacency_score,
@@ -25,7 +25,7 @@ from nopelab.metrics import (
     position_variance,
     symmetric_from_lower,
 )
-from nopelab.pair_count import NETWORK_MAX
+from nopelab.measure.pair_count import NETWORK_MAX
 
 HYPO = settings(max_examples=60, deadline=None)
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from nopelab.capture import observe
 from nopelab.config import POS_ENCODINGS, ModelConfig
-from nopelab.model import (
+from nopelab.measure.capture import observe
+from nopelab.models.transformer import (
     ALiBiPE,
     Attention,
     NoAttentionPE,

@@ -23,7 +23,7 @@ from nopelab.config import (
     choices_of,
 )
 from nopelab.errors import UserError
-from nopelab.tasks import TaskConfig
+from nopelab.training.tasks import TaskConfig
 
 CONFIGS = (
     ModelConfig, AnalysisConfig, HFConfig, TrainConfig, CorpusConfig, TaskConfig, ProbeConfig,

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from nopelab.config import ModelConfig
 from nopelab.hf.export import hf_tensors
-from nopelab.model import Transformer
+from nopelab.models.transformer import Transformer
 
 ATOL = 1e-5
 VOCAB, D, LAYERS, HEADS, T = 48, 32, 2, 4, 16

@@ -14,16 +14,16 @@ import scipy.stats
 import torch
 
 from conftest import run_cli
-from nopelab import theory
-from nopelab.analysis import build_model, input_batches
 from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, TrainConfig
 from nopelab.errors import ConfigError, UserError
-from nopelab.features import collect, feature_matrix, sorted_similarities
-from nopelab.probes import fit_probe, position_targets, sequence_splits, summarize
-from nopelab.probing import collect_for_probes, probe_model, vocab_halves
-from nopelab.signals import verdict
-from nopelab.tasks import TaskConfig
-from nopelab.train import TrainRun, train
+from nopelab.measure import theory
+from nopelab.measure.analysis import build_model, input_batches
+from nopelab.probing.features import collect, feature_matrix, sorted_similarities
+from nopelab.probing.pipeline import collect_for_probes, probe_model, vocab_halves
+from nopelab.probing.probes import fit_probe, position_targets, sequence_splits, summarize
+from nopelab.probing.signals import verdict
+from nopelab.training.tasks import TaskConfig
+from nopelab.training.train import TrainRun, train
 
 FAST = ProbeConfig(epochs=10, seeds=3)
 

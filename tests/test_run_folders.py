@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from nopelab import checkpoint
-from nopelab.rundir import RUN_MARKER, write_json
+from nopelab.runtime.rundir import RUN_MARKER, write_json
+from nopelab.training import checkpoint
 
 TINY = ["--layers", "1", "--heads", "2", "--d-model", "16", "--seq-len", "8", "--samples", "4",
         "--batch-size", "2", "--device", "cpu"]  # fmt: skip
@@ -92,7 +92,7 @@ def test_a_second_writer_is_refused(tmp_path, capsys, monkeypatch) -> None:
     out = tmp_path / "run"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from nopelab.rundir import locked\nwith locked(Path(sys.argv[1])):\n"
+         "from nopelab.runtime.rundir import locked\nwith locked(Path(sys.argv[1])):\n"
          "    print('locked', flush=True); time.sleep(60)", str(out)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -113,7 +113,7 @@ def test_a_failed_run_leaves_nothing_not_even_parents(tmp_path, capsys, monkeypa
     def fail(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", "somewhere")
 
-    monkeypatch.setattr("nopelab.report.write_analysis", fail)
+    monkeypatch.setattr("nopelab.measure.report.write_analysis", fail)
     out = tmp_path / "a" / "b" / "run"
     assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 1
     assert "No space left on device" in _one_line(capsys)
@@ -124,7 +124,7 @@ def test_ctrl_c_in_any_command_exits_130(tmp_path, capsys, monkeypatch) -> None:
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("nopelab.analysis.analyze_model", interrupt)
+    monkeypatch.setattr("nopelab.measure.analysis.analyze_model", interrupt)
     out = tmp_path / "new" / "run"
     assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 130
     assert "interrupted; nothing was written" in _one_line(capsys)
@@ -135,7 +135,7 @@ def test_training_interrupted_before_its_first_checkpoint(tmp_path, capsys, monk
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("nopelab.train._update", interrupt)
+    monkeypatch.setattr("nopelab.training.train._update", interrupt)
     out = tmp_path / "new" / "run"
     assert run_cli([*TRAIN, "--steps", "4", "--out", str(out)], monkeypatch) == 130
     assert "no checkpoint yet" in _one_line(capsys)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from nopelab.analysis import analyze_model, build_model, input_batches
-from nopelab.capture import site_modules
 from nopelab.config import SITES, AnalysisConfig, ModelConfig
-from nopelab.stats import RunningMoments
+from nopelab.measure.analysis import analyze_model, build_model, input_batches
+from nopelab.measure.capture import site_modules
+from nopelab.measure.stats import RunningMoments
 
 
 def _stored_activations(model, model_cfg, cfg) -> dict:

@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-from nopelab import tasks
 from nopelab.config import ModelConfig
 from nopelab.errors import ConfigError, UserError
-from nopelab.model import Transformer
-from nopelab.tasks import (
+from nopelab.models.transformer import Transformer
+from nopelab.training import tasks
+from nopelab.training.tasks import (
     LAYOUTS,
     LOSS_MODES,
     TASKS,
@@ -625,7 +625,7 @@ def test_padded_rows_by_hand(loss_mode: str) -> None:
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_layout_trains_the_answers(layout: str) -> None:
     """Through the source: each layout's answer targets are the right answers."""
-    from nopelab.sources import TaskSource
+    from nopelab.training.sources import TaskSource
 
     cfg = TaskConfig(name="wherex", train_size=200, test_size=20, layout=layout)
     source = TaskSource(cfg, seed=0, eval_samples=20)
@@ -642,7 +642,7 @@ def test_every_layout_trains_the_answers(layout: str) -> None:
 
 
 def test_prompts_are_left_padded_test_prompts() -> None:
-    from nopelab.sources import TaskSource
+    from nopelab.training.sources import TaskSource
 
     source = TaskSource(TaskConfig(train_size=100, test_size=20), seed=0, eval_samples=20)
     ids = source.prompts(30, 12, torch.Generator().manual_seed(0))
@@ -658,7 +658,7 @@ def test_prompts_are_left_padded_test_prompts() -> None:
 
 def test_windows_longer_than_the_test_lines_are_refused_before_training() -> None:
     from nopelab.config import ModelConfig as Model
-    from nopelab.sources import TaskSource
+    from nopelab.training.sources import TaskSource
 
     source = TaskSource(TaskConfig(train_size=300, test_size=5, layout="windows"), 0, 5)
     source.check_model(Model(), 32)  # five lines hold more than 33 characters

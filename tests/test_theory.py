@@ -1,4 +1,4 @@
-"""Closed forms in nopelab.theory against Monte Carlo, including the real nopelab model.
+"""Closed forms in nopelab.measure.theory against Monte Carlo, including the real nopelab model.
 
 Every tolerance is stated next to its assertion, with the Monte Carlo noise it has to absorb and
 the error of the wrong formula it has to reject.
@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nopelab import theory
 from nopelab.config import ModelConfig
-from nopelab.model import Transformer
+from nopelab.measure import theory
+from nopelab.models.transformer import Transformer
 
 
 def _rel_err(measured: np.ndarray, predicted: np.ndarray) -> np.ndarray:

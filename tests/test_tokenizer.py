@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nopelab import tokenizer as tok
-from nopelab.corpus import default_corpus
 from nopelab.errors import ConfigError
-from nopelab.tokenizer import (
+from nopelab.training import tokenizer as tok
+from nopelab.training.corpus import default_corpus
+from nopelab.training.tokenizer import (
     BPETokenizer,
     ByteTokenizer,
     get_tokenizer,

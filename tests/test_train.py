@@ -20,16 +20,16 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import run_cli
-from nopelab.checkpoint import (
+from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
+from nopelab.errors import UserError
+from nopelab.models.transformer import Transformer
+from nopelab.training.checkpoint import (
     CheckpointError,
     load_checkpoint,
     save_checkpoint,
 )
-from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
-from nopelab.errors import UserError
-from nopelab.model import Transformer
-from nopelab.tasks import TaskConfig
-from nopelab.train import (
+from nopelab.training.tasks import TaskConfig
+from nopelab.training.train import (
     TrainRun,
     autocast_for,
     learning_rate,
@@ -473,7 +473,7 @@ def test_bad_train_input_is_one_line_exit_2(
 def test_a_diverged_run_fails_and_keeps_its_last_finite_checkpoint(
     checkpoint_every: str, failure: str, tmp_path: Path, capsys, monkeypatch
 ) -> None:
-    import nopelab.train as training
+    import nopelab.training.train as training
 
     schedule = training.learning_rate  # an infinite step size from the third step on
     monkeypatch.setattr(
@@ -495,7 +495,7 @@ def test_a_diverged_run_fails_and_keeps_its_last_finite_checkpoint(
 def test_a_run_diverging_before_its_first_checkpoint_leaves_nothing(
     tmp_path: Path, capsys, monkeypatch
 ) -> None:
-    import nopelab.train as training
+    import nopelab.training.train as training
 
     monkeypatch.setattr(training, "learning_rate", lambda cfg, step: math.inf)
     out = tmp_path / "run"

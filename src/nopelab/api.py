@@ -20,9 +20,9 @@ from nopelab.errors import ConfigError, UserError
 if TYPE_CHECKING:
     from torch import nn
 
-    from nopelab.capture import CaptureResult
     from nopelab.hf.load import HFRun
-    from nopelab.sources import Source
+    from nopelab.measure.capture import CaptureResult
+    from nopelab.training.sources import Source
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ def load(
     ``statistics``: whether T x T statistics will be reduced, for the memory check (before a
     random-init model is built; after a training run's checkpoint is read).
     """
-    from nopelab.analysis import build_model
     from nopelab.limits import check_analysis
+    from nopelab.measure.analysis import build_model
 
     analysis = dict(analysis or {})
     if target is not None:
@@ -82,7 +82,7 @@ def load(
         )
         return Study(config, hf_model, source)
     if target is not None:
-        from nopelab.train import load_trained, make_source
+        from nopelab.training.train import load_trained, make_source
 
         run, trained = load_trained(Path(target))
         config = RunConfig.from_dict({"model": dataclasses.asdict(run.model), "analysis": analysis})
@@ -100,6 +100,6 @@ def load(
 
 def analyze(study: Study, progress: bool = True) -> CaptureResult:
     """Run the study's analysis: statistics reduced on the fly at every requested site."""
-    from nopelab.analysis import analyze_model
+    from nopelab.measure.analysis import analyze_model
 
     return analyze_model(study.model, study.config.analysis, progress=progress, source=study.source)

@@ -37,11 +37,11 @@ def analyze(
     Random-init by default; give a training run directory to analyse its trained checkpoint, or
     hf:PATH for a Hugging Face model.
     """
-    from nopelab.analysis import analyze_model
     from nopelab.config import read_config_file
-    from nopelab.report import write_analysis
-    from nopelab.rundir import check_out, default_out, staged_run
-    from nopelab.runtime import resolve_device
+    from nopelab.measure.analysis import analyze_model
+    from nopelab.measure.report import write_analysis
+    from nopelab.runtime.device import resolve_device
+    from nopelab.runtime.rundir import check_out, default_out, staged_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
     out = out or default_out(f"analyze-{Path(str(run_dir)).name}" if run_dir else "analyze")

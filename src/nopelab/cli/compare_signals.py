@@ -55,13 +55,13 @@ def compare_signals(
 
     Regression probes per layer for random-init and trained models, a verdict table, a figure.
     """
-    from nopelab.analysis import build_model
     from nopelab.config import read_config_file
-    from nopelab.probe_report import write_probes
-    from nopelab.probing import probe_model
-    from nopelab.rundir import default_out, staged_run
-    from nopelab.signals import verdict
-    from nopelab.train import read_run
+    from nopelab.measure.analysis import build_model
+    from nopelab.probing.pipeline import probe_model
+    from nopelab.probing.report import write_probes
+    from nopelab.probing.signals import verdict
+    from nopelab.runtime.rundir import default_out, staged_run
+    from nopelab.training.train import read_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
     models = []  # (label, state, model, settings, source)

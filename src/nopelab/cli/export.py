@@ -21,8 +21,8 @@ def export(
     """Export a trained model as an equivalent Hugging Face model (GPT-2, Llama or SmolLM3),
     checked to give the same logits; load it with AutoModelForCausalLM.from_pretrained(OUT)."""
     from nopelab.hf.export import export_run, family
-    from nopelab.rundir import staged_run
-    from nopelab.train import read_run
+    from nopelab.runtime.rundir import staged_run
+    from nopelab.training.train import read_run
 
     family(read_run(run_dir).model)  # an unexportable config fails before anything is written
     with staged_run(out, force, resolve.inputs(run_dir), command="export") as staging:

@@ -47,9 +47,9 @@ def intervene(
     """Edit one site of a trained model (norm equalisation, LEACE position erasure, and their
     controls) and measure what its behaviour and the downstream probes lose, per layer."""
     from nopelab.config import build, read_config_file
-    from nopelab.interventions import run_interventions, write_interventions
-    from nopelab.rundir import default_out, staged_run
-    from nopelab.train import read_run
+    from nopelab.probing.interventions import run_interventions, write_interventions
+    from nopelab.runtime.rundir import default_out, staged_run
+    from nopelab.training.train import read_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
     resolve.check_sections(data, ("intervention", "analysis", "probe"))

@@ -10,11 +10,11 @@ from typing import Any
 
 import typer
 
-from nopelab.allocator import keep_freed_memory
 from nopelab.cli.app import app
 from nopelab.cli.options import COMMANDS
 from nopelab.errors import RunFailed, UserError
-from nopelab.rundir import is_disk_full
+from nopelab.runtime.allocator import keep_freed_memory
+from nopelab.runtime.rundir import is_disk_full
 
 
 def main() -> None:

@@ -55,9 +55,9 @@ def probe(
     """Fit position probes on a model's activations: accuracy and MAD (classifiers), MAE and
     Pearson r (regressors), per site and layer, against the predict-the-middle baseline."""
     from nopelab.config import read_config_file
-    from nopelab.probe_report import write_probes
-    from nopelab.probing import probe_model
-    from nopelab.rundir import check_out, default_out, staged_run
+    from nopelab.probing.pipeline import probe_model
+    from nopelab.probing.report import write_probes
+    from nopelab.runtime.rundir import check_out, default_out, staged_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
     out = out or default_out(f"probe-{Path(str(run_dir)).name}" if run_dir else "probe")

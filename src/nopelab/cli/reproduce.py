@@ -54,7 +54,7 @@ def reproduce(
 ) -> None:
     """Reproduce a paper's results at a chosen scale, with figures and a markdown summary."""
     from nopelab.experiments import EXPERIMENTS
-    from nopelab.rundir import default_out, resumable_run, staged_run
+    from nopelab.runtime.rundir import default_out, resumable_run, staged_run
 
     if paper not in EXPERIMENTS:
         raise UserError(f"paper: unknown {paper!r}; allowed: {', '.join(EXPERIMENTS)}")
@@ -78,7 +78,7 @@ def reproduce(
     if resume and (out is None or force):
         raise UserError("--resume: give the run folder with --out (and no --force)")
     out = out or default_out(f"{paper}-{part}-{scale}")
-    from nopelab.runtime import resolve_device
+    from nopelab.runtime.device import resolve_device
 
     resolve_device(device)
     settings = runner.settings(scale, seed, device)  # validates before any output exists

@@ -14,7 +14,7 @@ from nopelab.cli.app import DATA, MODEL_OPTIONS, OUTPUT, TRAINING, ConfigFile, F
 from nopelab.cli.options import Given, Group, with_options
 from nopelab.config import CorpusConfig, TrainConfig
 from nopelab.errors import RunFailed, UserError
-from nopelab.tasks import TaskConfig
+from nopelab.training.tasks import TaskConfig
 
 
 @app.command()
@@ -44,9 +44,9 @@ def train(
 ) -> None:
     """Train a model on a synthetic task (--task) or on text (--corpus); torchrun runs it data-parallel."""
     from nopelab.config import read_config_file
-    from nopelab.tasks import VOCAB
-    from nopelab.train import TrainRun, read_run
-    from nopelab.train import train as run_training
+    from nopelab.training.tasks import VOCAB
+    from nopelab.training.train import TrainRun, read_run
+    from nopelab.training.train import train as run_training
 
     if resume and force:
         raise UserError("--resume and --force exclude each other")
@@ -81,7 +81,7 @@ def train(
     padded = isinstance(data.get("task"), dict) and data["task"].get("layout") == "padded"
     if not resume and padded and "seq_len" not in given.section("train") | data.get("train", {}):
         from nopelab.config import build
-        from nopelab.tasks import max_line_len
+        from nopelab.training.tasks import max_line_len
 
         # one line per row: a longer context would only add padding
         data.setdefault("train", {})["seq_len"] = max_line_len(
@@ -108,7 +108,7 @@ def train(
 
 def _kept_checkpoint(out: Path, hint: bool = True) -> str:
     """What a stopped training run kept, and (``hint``) how to continue it."""
-    from nopelab.checkpoint import STATE_FILE, read_state
+    from nopelab.training.checkpoint import STATE_FILE, read_state
 
     if not (out / STATE_FILE).is_file():
         return "no checkpoint yet: nothing was kept"
@@ -128,7 +128,7 @@ def _corpus_vocab(corpus: dict[str, Any]) -> int:
 
 
 def _default_out(run: Any) -> Path:
-    from nopelab.rundir import default_out
+    from nopelab.runtime.rundir import default_out
 
     what = run.task.name if run.task is not None else "text"
     return default_out(f"train-{what}-{run.model.pos_encoding}")

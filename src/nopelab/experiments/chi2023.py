@@ -19,12 +19,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from nopelab import plots, theory
-from nopelab.analysis import analyze_model, build_model
+from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, RunConfig
-from nopelab.probing import probe_model
-from nopelab.report import markdown_table, write_analysis
-from nopelab.runtime import resolve_device
+from nopelab.measure import theory
+from nopelab.measure.analysis import analyze_model, build_model
+from nopelab.measure.report import markdown_table, write_analysis
+from nopelab.probing.pipeline import probe_model
+from nopelab.runtime.device import resolve_device
 
 SIGMA = 0.02
 SCALES = {

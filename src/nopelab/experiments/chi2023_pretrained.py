@@ -17,10 +17,10 @@ import pandas as pd
 from nopelab import plots
 from nopelab.config import AnalysisConfig
 from nopelab.experiments.trained import Trained, lm_runs, perplexity_row, train_and_analyze
-from nopelab.report import markdown_table, positions_table
-from nopelab.rundir import write_json
-from nopelab.runtime import resolve_device
-from nopelab.train import TrainRun
+from nopelab.measure.report import markdown_table, positions_table
+from nopelab.runtime.device import resolve_device
+from nopelab.runtime.rundir import write_json
+from nopelab.training.train import TrainRun
 
 POS_ENCODINGS = ("none", "learned", "rope")
 SCALES = {

@@ -23,11 +23,11 @@ import pandas as pd
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.experiments.trained import lm_runs, perplexity_row, train_into
-from nopelab.probing import probe_model
-from nopelab.report import markdown_table
-from nopelab.rundir import write_json
-from nopelab.runtime import resolve_device
-from nopelab.train import TrainRun, load_trained, make_source
+from nopelab.measure.report import markdown_table
+from nopelab.probing.pipeline import probe_model
+from nopelab.runtime.device import resolve_device
+from nopelab.runtime.rundir import write_json
+from nopelab.training.train import TrainRun, load_trained, make_source
 
 POS_ENCODINGS = ("none", "learned", "sinusoidal", "alibi")
 LABELS = {"none": "NoPE", "learned": "learned", "sinusoidal": "sinusoidal", "alibi": "ALiBi"}

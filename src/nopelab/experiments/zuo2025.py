@@ -18,11 +18,11 @@ from pathlib import Path
 import pandas as pd
 
 from nopelab import plots
-from nopelab.analysis import analyze_model, build_model
 from nopelab.config import AnalysisConfig, ModelConfig, RunConfig
-from nopelab.report import markdown_table, summary_rows, write_analysis
-from nopelab.rundir import write_json
-from nopelab.runtime import progress_bar, resolve_device
+from nopelab.measure.analysis import analyze_model, build_model
+from nopelab.measure.report import markdown_table, summary_rows, write_analysis
+from nopelab.runtime.device import progress_bar, resolve_device
+from nopelab.runtime.rundir import write_json
 
 SCALES = {
     "smoke": dict(d_model=48, n_heads=2, n_layers=2, seq_len=32, samples=8, batch_size=8),

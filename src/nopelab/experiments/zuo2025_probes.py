@@ -22,18 +22,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from nopelab import plots, signals, tasks
-from nopelab.analysis import build_model
+from nopelab import plots
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import UserError
 from nopelab.experiments import zuo2025_trained
 from nopelab.experiments.trained import train_into, train_many
-from nopelab.model import Transformer
-from nopelab.probing import probe_model, vocab_halves
-from nopelab.report import markdown_table
-from nopelab.rundir import write_json
-from nopelab.runtime import resolve_device
-from nopelab.train import TrainRun, load_trained, read_run
+from nopelab.measure.analysis import build_model
+from nopelab.measure.report import markdown_table
+from nopelab.models.transformer import Transformer
+from nopelab.probing import signals
+from nopelab.probing.pipeline import probe_model, vocab_halves
+from nopelab.runtime.device import resolve_device
+from nopelab.runtime.rundir import write_json
+from nopelab.training import tasks
+from nopelab.training.train import TrainRun, load_trained, read_run
 
 FEATURES = ("raw", "norm", "variance", "cos_last", "cos_row", "norm+cos_last")
 TARGETS = ("position", "distance")
@@ -110,7 +112,7 @@ def restrict_vocab(model: Transformer, ids: list[int]) -> Transformer:
     """The same model over the tokens ``ids`` only (token i of the new model is ``ids[i]``):
     every weight is shared except the embedding, which keeps just those rows. Its activations on
     a sequence are the original model's on the mapped sequence; the vocabulary split of
-    :func:`~nopelab.probing.probe_model` then splits ``ids``."""
+    :func:`~nopelab.probing.pipeline.probe_model` then splits ``ids``."""
     cfg = dataclasses.replace(model.cfg, vocab_size=len(ids))
     state = dict(model.state_dict())
     for name in ("embed.weight", "lm_head.weight"):  # the same tensor when tied

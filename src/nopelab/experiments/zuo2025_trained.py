@@ -31,11 +31,11 @@ import pandas as pd
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, TrainConfig
 from nopelab.experiments.trained import analyze_trained, train_many
-from nopelab.report import markdown_table
-from nopelab.rundir import write_json
-from nopelab.runtime import resolve_device
-from nopelab.tasks import TaskConfig, max_line_len, max_prompt_len
-from nopelab.train import TrainRun
+from nopelab.measure.report import markdown_table
+from nopelab.runtime.device import resolve_device
+from nopelab.runtime.rundir import write_json
+from nopelab.training.tasks import TaskConfig, max_line_len, max_prompt_len
+from nopelab.training.train import TrainRun
 
 TASKS = ("add", "reverse", "order", "wherex")
 POS_ENCODINGS = ("none", "learned", "rope")

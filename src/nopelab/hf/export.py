@@ -1,4 +1,4 @@
-"""Export a native :class:`~nopelab.model.Transformer` as an equivalent Hugging Face model.
+"""Export a native :class:`~nopelab.models.transformer.Transformer` as an equivalent Hugging Face model.
 
 The native configuration picks the architecture whose forward pass computes the same function:
 
@@ -26,7 +26,7 @@ from transformers.utils import logging as hf_logging
 
 from nopelab.config import ModelConfig
 from nopelab.errors import ConfigError
-from nopelab.model import Transformer
+from nopelab.models.transformer import Transformer
 
 EXPORTABLE = (
     "gpt2 (pos_encoding learned or none, norm layernorm, mlp gelu)",
@@ -249,7 +249,7 @@ The tokenizer is nopelab's own (`nopelab_tokenizer.json`), not a `transformers` 
 ```python
 from pathlib import Path
 
-from nopelab.tokenizer import tokenizer_from_json
+from nopelab.training.tokenizer import tokenizer_from_json
 
 tokenizer = tokenizer_from_json((Path("{folder}") / "nopelab_tokenizer.json").read_text())
 ids = tokenizer.encode("some text")
@@ -257,8 +257,8 @@ ids = tokenizer.encode("some text")
 """
 
 NO_TOKENIZER_NOTE = """
-The run was trained on a synthetic task: token ids are `nopelab.tasks.encode(text)`
-(the id of a character is its index in `nopelab.tasks.VOCAB`).
+The run was trained on a synthetic task: token ids are `nopelab.training.tasks.encode(text)`
+(the id of a character is its index in `nopelab.training.tasks.VOCAB`).
 """
 
 NOPE_GPT2_NOTE = """
@@ -274,7 +274,7 @@ def export_run(run_dir: Path, out: Path, seed: int = 0, shown_as: Path | None = 
     ``shown_as``: the folder the README tells users to load (default ``out``; differs when
     ``out`` is a staging folder). Returns the architecture: ``gpt2``, ``llama`` or ``smollm3``.
     """
-    from nopelab.train import load_trained
+    from nopelab.training.train import load_trained
 
     run, model = load_trained(run_dir)
     hf = export(model, out, seed)

@@ -24,10 +24,10 @@ import torch
 from torch import Tensor
 
 from nopelab.config import AnalysisConfig
-from nopelab.corpus import TokenStream, default_corpus, load_text
 from nopelab.errors import ConfigError
 from nopelab.hf.sites import HFModel, architecture, check_max_layers, check_sites
 from nopelab.limits import available_memory, check_statistics
+from nopelab.training.corpus import TokenStream, default_corpus, load_text
 
 FIELD = "model"
 TAIL = 0.05  # share of the default corpus that nopelab's own LMs never train on

@@ -25,9 +25,9 @@ from operator import attrgetter
 import torch
 from torch import Tensor, nn
 
-from nopelab.capture import SiteKey
 from nopelab.config import BLOCK_SITES, DEFAULT_SITES, SITES
 from nopelab.errors import ConfigError
+from nopelab.measure.capture import SiteKey
 
 
 @dataclass(frozen=True)

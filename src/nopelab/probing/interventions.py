@@ -49,8 +49,6 @@ from concept_erasure import LeaceFitter
 from torch import Tensor
 
 from nopelab import plots
-from nopelab.analysis import input_batches
-from nopelab.capture import SiteKey, site_modules
 from nopelab.config import (
     SITES,
     AnalysisConfig,
@@ -59,14 +57,16 @@ from nopelab.config import (
     ProbeConfig,
 )
 from nopelab.errors import ConfigError
-from nopelab.features import EPS, collect, feature_matrix
-from nopelab.model import Transformer
-from nopelab.probes import Split, fit_probe, position_targets, sequence_splits, summarize
-from nopelab.report import environment, markdown_table
-from nopelab.rundir import write_json
-from nopelab.runtime import progress_bar, resolve_device
-from nopelab.sources import Source
-from nopelab.train import load_trained, make_source
+from nopelab.measure.analysis import input_batches
+from nopelab.measure.capture import SiteKey, site_modules
+from nopelab.measure.report import environment, markdown_table
+from nopelab.models.transformer import Transformer
+from nopelab.probing.features import EPS, collect, feature_matrix
+from nopelab.probing.probes import Split, fit_probe, position_targets, sequence_splits, summarize
+from nopelab.runtime.device import progress_bar, resolve_device
+from nopelab.runtime.rundir import write_json
+from nopelab.training.sources import Source
+from nopelab.training.train import load_trained, make_source
 
 # LEACE keeps directions whose whitened cross-covariance singular value exceeds this; the
 # library's default (0.01) would drop most of the noise directions the shuffled control is

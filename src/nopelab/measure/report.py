@@ -23,11 +23,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from nopelab import __version__, plots, theory
-from nopelab.capture import CaptureResult
+from nopelab import __version__, plots
 from nopelab.config import RunConfig
-from nopelab.rundir import write_json
-from nopelab.runtime import resolve_device
+from nopelab.measure import theory
+from nopelab.measure.capture import CaptureResult
+from nopelab.runtime.device import resolve_device
+from nopelab.runtime.rundir import write_json
 
 
 def summary_rows(result: CaptureResult) -> list[dict[str, Any]]:

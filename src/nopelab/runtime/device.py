@@ -1,4 +1,4 @@
-"""Runtime helpers every pipeline shares: the device to run on and progress on stderr."""
+"""The device to run on, and progress on stderr."""
 
 from __future__ import annotations
 

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nopelab.capture import CaptureResult, StreamingCapture
 from nopelab.config import AnalysisConfig, ModelConfig
 from nopelab.errors import ConfigError
-from nopelab.model import Transformer
-from nopelab.runtime import progress_bar, resolve_device
+from nopelab.measure.capture import CaptureResult, StreamingCapture
+from nopelab.models.transformer import Transformer
+from nopelab.runtime.device import progress_bar, resolve_device
 
 if TYPE_CHECKING:
-    from nopelab.sources import Source
+    from nopelab.training.sources import Source
 
 
 def build_model(cfg: ModelConfig, seed: int) -> Transformer:

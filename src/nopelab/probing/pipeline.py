@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from nopelab.analysis import input_batches
-from nopelab.capture import SiteKey
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import ConfigError
-from nopelab.features import Activations, collect, feature_matrix
-from nopelab.model import Transformer
-from nopelab.probes import (
+from nopelab.measure.analysis import input_batches
+from nopelab.measure.capture import SiteKey
+from nopelab.models.transformer import Transformer
+from nopelab.probing.features import Activations, collect, feature_matrix
+from nopelab.probing.probes import (
     Split,
     fit_probe,
     fixed_splits,
@@ -27,10 +27,10 @@ from nopelab.probes import (
     summarize,
     test_count,
 )
-from nopelab.runtime import progress_bar, resolve_device
+from nopelab.runtime.device import progress_bar, resolve_device
 
 if TYPE_CHECKING:
-    from nopelab.sources import Source
+    from nopelab.training.sources import Source
 
 
 def probe_keys(

@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nopelab import tasks
 from nopelab.config import CorpusConfig, ModelConfig
-from nopelab.corpus import TokenStream, load_text, split_ids
 from nopelab.errors import ConfigError
-from nopelab.tokenizer import Tokenizer, get_tokenizer, tokenizer_from_json
+from nopelab.training import tasks
+from nopelab.training.corpus import TokenStream, load_text, split_ids
+from nopelab.training.tokenizer import Tokenizer, get_tokenizer, tokenizer_from_json
 
 IGNORE = tasks.IGNORE  # targets without loss
 EVAL_BATCH = 16  # held-out windows per forward pass

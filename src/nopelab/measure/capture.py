@@ -5,7 +5,7 @@ Sites: ``embed`` (layer 0, the input to the first block) and, for blocks 1..L, `
 (attention output after the projection, before the residual add), ``resid_mid``, ``mlp_out``
 and ``resid_post``. :func:`observe` hooks them on a native model or on a Hugging Face model
 (:class:`nopelab.hf.sites.HFModel`, which maps them per architecture).
-:class:`StreamingCapture` attaches a :class:`~nopelab.stats.SiteStats` to each chosen site; every
+:class:`StreamingCapture` attaches a :class:`~nopelab.measure.stats.SiteStats` to each chosen site; every
 forward pass inside the ``with`` block folds its batch into them.
 """
 
@@ -20,8 +20,8 @@ from torch import nn
 
 from nopelab.config import BLOCK_SITES, DEFAULT_SITES, SITES
 from nopelab.errors import ConfigError, RunFailed
-from nopelab.model import Transformer
-from nopelab.stats import AttentionResult, AttentionStats, SiteResult, SiteStats
+from nopelab.measure.stats import AttentionResult, AttentionStats, SiteResult, SiteStats
+from nopelab.models.transformer import Transformer
 
 SiteKey = tuple[str, int]  # (site, layer)
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nopelab.metrics import (
+from nopelab.measure.metrics import (
     AdjacencyCounts,
     adjacency_counts,
     cosine_by_distance,

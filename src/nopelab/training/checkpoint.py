@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from nopelab.errors import UserError
-from nopelab.rundir import replaced_together
+from nopelab.runtime.rundir import replaced_together
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"

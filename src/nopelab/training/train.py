@@ -41,13 +41,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from nopelab import __version__
-from nopelab.checkpoint import STATE_FILE, load_checkpoint, read_state, save_checkpoint
 from nopelab.config import CorpusConfig, ModelConfig, TrainConfig, build
 from nopelab.errors import ConfigError, RunFailed, UserError
 from nopelab.limits import check_training
-from nopelab.model import Transformer
+from nopelab.models.transformer import Transformer
 from nopelab.plots import training_curves
-from nopelab.rundir import (
+from nopelab.runtime.device import progress_bar, resolve_device
+from nopelab.runtime.rundir import (
     check_out,
     locked,
     missing_folders,
@@ -55,9 +55,9 @@ from nopelab.rundir import (
     staged_run,
     write_json,
 )
-from nopelab.runtime import progress_bar, resolve_device
-from nopelab.sources import IGNORE, Source, TaskSource, TextSource, load_tokenizer
-from nopelab.tasks import TaskConfig
+from nopelab.training.checkpoint import STATE_FILE, load_checkpoint, read_state, save_checkpoint
+from nopelab.training.sources import IGNORE, Source, TaskSource, TextSource, load_tokenizer
+from nopelab.training.tasks import TaskConfig
 
 CONFIG_FILE = "config.json"
 

@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nopelab.capture import SiteKey, observe
 from nopelab.config import feature_names
 from nopelab.errors import RunFailed
-from nopelab.model import Transformer
+from nopelab.measure.capture import SiteKey, observe
+from nopelab.models.transformer import Transformer
 
 ROW_QUANTILES = 32
 EPS = 1e-30

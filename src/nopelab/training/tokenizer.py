@@ -21,7 +21,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from nopelab.errors import ConfigError
 from nopelab.limits import check_tokenizer
-from nopelab.rundir import replace_atomically
+from nopelab.runtime.rundir import replace_atomically
 
 KINDS = ("byte", "bpe")
 CHUNK_CHARS = 1 << 16  # texts are trained on and encoded in chunks of about this many characters

@@ -15,7 +15,7 @@ For one sequence ``h`` of shape (T, d) at one site:
   (1-based), so early pairs weigh more than in the plain norm score.
 
 Counting is exact and takes O(n log n) per row (sorting that counts ordered pairs, in
-:mod:`nopelab.pair_count`), so a T x T matrix costs O(T^2 log T); triples are never enumerated.
+:mod:`nopelab.measure.pair_count`), so a T x T matrix costs O(T^2 log T); triples are never enumerated.
 The kernel is compiled with numba and runs on the CPU; tensors on other devices are copied there.
 """
 
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nopelab.pair_count import pair_counts, weighted_pair_counts
+from nopelab.measure.pair_count import pair_counts, weighted_pair_counts
 
 EPS = 1e-12
 

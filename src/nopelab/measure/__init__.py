@@ -1,0 +1,1 @@
+"""Activation statistics reduced on the fly, the metrics on them, and their reports."""

@@ -1,0 +1,1 @@
+"""A decoder-only transformer with switchable positional encodings."""

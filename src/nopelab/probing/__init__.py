@@ -1,0 +1,1 @@
+"""Position probes, the signal verdict, and causal interventions."""

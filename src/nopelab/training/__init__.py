@@ -1,0 +1,1 @@
+"""Training: synthetic tasks, text corpora, tokenizers, the loop and its checkpoints."""
