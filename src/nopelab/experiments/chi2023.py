@@ -23,7 +23,9 @@ from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, RunConfig
 from nopelab.measure import theory
 from nopelab.measure.analysis import analyze_model, build_model
+from nopelab.measure.capture import CaptureResult
 from nopelab.measure.report import markdown_table, write_analysis
+from nopelab.measure.stats import AttentionResult
 from nopelab.probing.pipeline import probe_model
 from nopelab.runtime.device import resolve_device
 
@@ -141,6 +143,24 @@ def probe_verdict(probes: pd.DataFrame, m: ModelConfig) -> str:
     return "\n".join(lines)
 
 
+def decay_table(result: CaptureResult) -> pd.DataFrame:
+    """Per layer: ``attn_out`` variance at the first and last position, and both order scores."""
+    return pd.DataFrame(
+        [
+            {
+                "layer": layer,
+                "variance_first": float(stats.variance[0]),
+                "variance_last": float(stats.variance[-1]),
+                "first_over_last": float(stats.variance[0] / stats.variance[-1]),
+                "norm_score": stats.norm_score.mean,
+                "adjacency": stats.adjacency.mean,
+            }
+            for (site, layer), stats in result.sites.items()
+            if site == "attn_out"
+        ]
+    )
+
+
 def run(settings: Settings, out: Path) -> None:
     cfg = settings.cfg
     start = time.perf_counter()
@@ -161,30 +181,30 @@ def run(settings: Settings, out: Path) -> None:
         title="Position probe (MLP regression) on the random-init model",
     )
 
-    m = cfg.model
     table = theory_table(cfg, result.sites[("attn_out", 1)].variance)
     table.to_parquet(out / "theory.parquet", index=False)
-    layers = pd.DataFrame(
-        [
-            {
-                "layer": layer,
-                "variance_first": float(stats.variance[0]),
-                "variance_last": float(stats.variance[-1]),
-                "first_over_last": float(stats.variance[0] / stats.variance[-1]),
-                "norm_score": stats.norm_score.mean,
-                "adjacency": stats.adjacency.mean,
-            }
-            for (site, layer), stats in result.sites.items()
-            if site == "attn_out"
-        ]
+    layers = decay_table(result)
+    (out / "summary.md").write_text(
+        summary_text(settings, seconds, table, layers, probes, probe_seconds, result.attention[1])
     )
-    attention = result.attention[1]
+
+
+def summary_text(
+    settings: Settings,
+    seconds: float,
+    table: pd.DataFrame,
+    layers: pd.DataFrame,
+    probes: pd.DataFrame,
+    probe_seconds: float,
+    attention: AttentionResult,
+) -> str:
+    """``summary.md``: the theory table, the per-layer decay, the probes, layer 1's attention."""
+    cfg, m = settings.cfg, settings.cfg.model
     logit_measured = float(attention.logit_variance[1:].mean())
     entropy_ratio = attention.entropy[1:] / attention.uniform_entropy[1:]
     T = cfg.analysis.seq_len
     pa, p = settings.probe_analysis, settings.probe
-    (out / "summary.md").write_text(
-        f"""# Chi et al. 2023 — random-init NoPE: attention output variance against position
+    return f"""# Chi et al. 2023 — random-init NoPE: attention output variance against position
 
 Model: pre-LN, no positional encoding, causal, d = {m.d_model}, {m.n_heads} heads, {m.n_layers} layers,
 weights N(0, {m.init_std}²), frozen; inputs: {cfg.analysis.samples} sequences of {T} N(0, 1) vectors;
@@ -235,4 +255,3 @@ Figures: `variance.png` (every site and layer, theory dashed over layer 1 `attn_
 baseline dashed). Tables: `theory.parquet`, `positions.parquet`, `attention.parquet`,
 `probes.parquet` (MAE, r, baseline and their seed stds per site and layer), `summary.json`.
 """
-    )

@@ -111,14 +111,18 @@ def run(settings: Settings, out: Path) -> None:
     plots.variance_by_position(
         pd.concat(positions), out / "variance.png", title="Variance of attn_out against position"
     )
+    (out / "summary.md").write_text(summary_text(settings, layers, ppl))
+
+
+def summary_text(settings: Settings, layers: pd.DataFrame, ppl: pd.DataFrame) -> str:
+    """``summary.md``: perplexity per encoding, and the NoPE variance decay per layer."""
     nope = layers[layers["pos_encoding"] == "none"].pivot(
         index="layer", columns="state", values=["first_over_last", "slope"]
     )
     nope.columns = [f"{stat} ({state})" for stat, state in nope.columns]
     first = settings.runs["none"]
     m, t, a = first.model, first.train, settings.analysis
-    (out / "summary.md").write_text(
-        f"""# Chi et al. 2023 — does the variance shrinkage survive training?
+    return f"""# Chi et al. 2023 — does the variance shrinkage survive training?
 
 Language models on the embedded corpus (World English Bible, byte-level, vocabulary 256):
 pre-LN, d = {m.d_model}, {m.n_heads} heads, {m.n_layers} layers; {t.steps} steps of batch
@@ -146,4 +150,3 @@ the adjacency score): `layers.parquet`.
 Figures: `variance.png` (NoPE `attn_out`, init and trained). Every run, with metrics, checkpoint
 and both analyses (all sites, attention entropy), is under `runs/lm-ENCODING/`.
 """
-    )

@@ -167,6 +167,12 @@ def _listed_points(frame: pd.DataFrame) -> str:
     )
 
 
+def _nope_curve(probes: pd.DataFrame) -> pd.DataFrame:
+    """NoPE's rows of the shape probe, by layer."""
+    shape = probes[probes["probe"] == SHAPE_PROBE]
+    return shape[shape["pos_encoding"] == "none"].set_index("layer")
+
+
 def run(settings: Settings, out: Path) -> None:
     perplexity, rows = [], []
     a = settings.analysis
@@ -211,20 +217,7 @@ def run(settings: Settings, out: Path) -> None:
         title=title,
     )
 
-    shape = probes[probes["probe"] == SHAPE_PROBE]
-    shapes = []
-    for pe in POS_ENCODINGS:
-        ours = shape[shape["pos_encoding"] == pe]
-        theirs = published[published["pos_encoding"] == pe]
-        shapes.append(
-            {
-                "encoding": LABELS[pe],
-                "ours": _shape_line(ours),
-                "published (depth: fraction, listed layers only)": _listed_points(theirs),
-            }
-        )
-    nope = shape[shape["pos_encoding"] == "none"].set_index("layer")
-    best = int(nope["mad"].idxmin())
+    best = int(_nope_curve(probes)["mad"].idxmin())
     write_json(
         out / "summary.json",
         {
@@ -240,10 +233,32 @@ def run(settings: Settings, out: Path) -> None:
             "nope_best_layer": best,
         },
     )
+    (out / "summary.md").write_text(summary_text(settings, ppl, probes, published))
+
+
+def summary_text(
+    settings: Settings, ppl: pd.DataFrame, probes: pd.DataFrame, published: pd.DataFrame
+) -> str:
+    """``summary.md``: perplexity per encoding, probe MAD per layer, the published shapes."""
+    first = next(iter(settings.runs.values()))
+    a = settings.analysis
+    shape = probes[probes["probe"] == SHAPE_PROBE]
+    shapes = []
+    for pe in POS_ENCODINGS:
+        ours = shape[shape["pos_encoding"] == pe]
+        theirs = published[published["pos_encoding"] == pe]
+        shapes.append(
+            {
+                "encoding": LABELS[pe],
+                "ours": _shape_line(ours),
+                "published (depth: fraction, listed layers only)": _listed_points(theirs),
+            }
+        )
+    nope = _nope_curve(probes)
+    best = int(nope["mad"].idxmin())
     m, t, p = first.model, first.train, settings.probe
     ppl_table = ppl.assign(pos_encoding=ppl["pos_encoding"].map(LABELS))
-    (out / "summary.md").write_text(
-        f"""# Haviv et al. 2022 — language models without positional encodings still learn position
+    return f"""# Haviv et al. 2022 — language models without positional encodings still learn position
 
 Byte-level language models on the embedded corpus (World English Bible, vocabulary 256), one per
 encoding and otherwise identical: pre-LN, d = {m.d_model}, {m.n_heads} heads, {m.n_layers} layers;
@@ -292,4 +307,3 @@ panel: the shape comparison, ours solid, published dashed with markers. Tables:
 `published.parquet`, `summary.json`; every trained run (metrics, checkpoint, training curves)
 under `runs/lm-ENCODING/`.
 """
-    )

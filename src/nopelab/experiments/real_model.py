@@ -214,6 +214,22 @@ def _write(
     plots.probe_errors(
         probe_frame.assign(panel=panel), out / "probes.png", panel="panel", title="SmolLM2-135M"
     )
+    (out / "summary.md").write_text(
+        summary_text(s, frame, loss, uses, signals, probe_frame, (seconds, load_seconds))
+    )
+
+
+def summary_text(
+    s: Settings,
+    frame: pd.DataFrame,
+    loss: pd.DataFrame,
+    uses: list[dict],
+    signals: pd.DataFrame,
+    probe_frame: pd.DataFrame,
+    times: tuple[float, float],
+) -> str:
+    """``summary.md``: loss per variant, measured position use, adjacency, signals, probes."""
+    seconds, load_seconds = times
     uses_table = pd.DataFrame(
         [
             {
@@ -229,7 +245,7 @@ def _write(
     )
     scores.columns = [f"{site} {variant}" for site, variant in scores.columns]
     a = s.analysis
-    text = (
+    return (
         f"# nopelab: a real pretrained model (SmolLM2-135M-Instruct, GGUF Q4_1)\n\n"
         f"{a.samples} windows of {a.seq_len} tokens from the default corpus's held-out tail; "
         f"loss on {s.loss_windows} further windows. Loading took {load_seconds:.0f} s; "
@@ -242,7 +258,6 @@ def _write(
         "## Which signal alone recovers position best (MLP regression MAE at resid_post)\n\n"
         f"{markdown_table(signals)}\n\n## Probes\n\n{markdown_table(readable(probe_frame))}\n"
     )
-    (out / "summary.md").write_text(text)
 
 
 def _ranges(layers: list[int]) -> str:

@@ -139,22 +139,27 @@ def run(settings: Settings, out: Path) -> None:
         "attn_out scores by variant",
     )
 
-    def score_table(frame: pd.DataFrame) -> pd.DataFrame:
-        cell = frame.assign(
-            score=[
-                f"{m:.3f} ± {s:.3f}"
-                for m, s in zip(frame["adjacency_mean"], frame["adjacency_std"], strict=True)
-            ]
-        )
-        return (
-            cell.pivot(index="run", columns="layer", values="score")
-            .reindex(frame["run"].unique())
-            .reset_index()
-        )
+    (out / "summary.md").write_text(summary_text(settings, attn, grid))
 
+
+def score_table(frame: pd.DataFrame) -> pd.DataFrame:
+    cell = frame.assign(
+        score=[
+            f"{m:.3f} ± {s:.3f}"
+            for m, s in zip(frame["adjacency_mean"], frame["adjacency_std"], strict=True)
+        ]
+    )
+    return (
+        cell.pivot(index="run", columns="layer", values="score")
+        .reindex(frame["run"].unique())
+        .reset_index()
+    )
+
+
+def summary_text(settings: Settings, attn: pd.DataFrame, grid: list[str]) -> str:
+    """``summary.md``: adjacency per layer for the variants, and across initialisations."""
     first = next(iter(settings.runs.values()))
-    (out / "summary.md").write_text(
-        f"""# Zuo et al. 2025 — adjacency pattern at random init
+    return f"""# Zuo et al. 2025 — adjacency pattern at random init
 
 Model: pre-LN, d = {first.model.d_model}, {first.model.n_heads} heads, {first.model.n_layers} layers,
 no biases, tied embeddings; {first.analysis.samples} sequences of {first.analysis.seq_len} uniformly
@@ -173,4 +178,3 @@ Figures: `heatmaps.png` (variants × layers), `heatmaps_init.png`, `score_vs_sig
 `scores.png`. Tables: `scores.parquet` (every run, layer and site; also `resid_post` and the norm
 score), `summary.json`, and one analysis folder per configuration under `runs/`.
 """
-    )

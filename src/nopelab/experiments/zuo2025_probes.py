@@ -288,6 +288,14 @@ def run(settings: Settings, out: Path) -> None:
         line="features",
         title="Zuo et al. 2025: position probes at attn_heads and attn_out (held-out tokens)",
     )
+    (out / "summary.md").write_text(summary_text(settings, accuracy, probes, verdict))
+
+
+def summary_text(
+    settings: Settings, accuracy: list[dict], probes: pd.DataFrame, verdict: pd.DataFrame
+) -> str:
+    """``summary.md``: the probe protocol, the verdict, and the MAE tables per target."""
+    first = next(iter(settings.runs.values()))
     m, t, a = first.model, first.train, settings.analysis
     p = settings.probes["position"]
     train_ids, test_ids = vocab_halves(len(DIGIT_IDS), a.seed)
@@ -296,8 +304,7 @@ def run(settings: Settings, out: Path) -> None:
         f"test on {''.join(tasks.DIGITS[i] for i in test_ids)}"
     )
     accuracies = ", ".join(f"{row['task']} {row['accuracy']:.3f}" for row in accuracy)
-    (out / "summary.md").write_text(
-        f"""# Zuo et al. 2025 — variance or similarity: which carries position?
+    return f"""# Zuo et al. 2025 — variance or similarity: which carries position?
 
 Probes at `attn_heads` (the heads' outputs concatenated, before the output projection: Zuo
 et al.'s site) and `attn_out` (after the projection) of causal NoPE models: pre-LN, d = {m.d_model}, {m.n_heads} heads, {m.n_layers} layers, no biases, tied
@@ -344,4 +351,3 @@ baseline dashed). Tables: `probes.parquet` (every fit: MAE, r, baseline, seed st
 `verdict.parquet` (per target, model and layer: each signal's best MAE, winner, decisive),
 `summary.json`; the trained runs under `runs/TASK-none/`.
 """
-    )
