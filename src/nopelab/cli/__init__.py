@@ -8,6 +8,7 @@ from nopelab.cli import (  # noqa: F401  (importing a command module registers t
     intervene,
     probe,
     reproduce,
+    sweep,
     train,
 )
 from nopelab.cli.app import app

@@ -44,8 +44,7 @@ def train(
 ) -> None:
     """Train a model on a synthetic task (--task) or on text (--corpus); torchrun runs it data-parallel."""
     from nopelab.config import read_config_file
-    from nopelab.training.tasks import VOCAB
-    from nopelab.training.train import TrainRun, read_run
+    from nopelab.training.train import TrainRun, data_vocab_size, read_run
     from nopelab.training.train import train as run_training
 
     if resume and force:
@@ -74,10 +73,8 @@ def train(
             flag = given.flags(section)[0]
             raise UserError(f"{flag}: only applies when training on a {section}, not a {other}")
     given.lay_over(data, "model")
-    if not resume and "vocab_size" not in data["model"]:  # the data's vocabulary
-        data["model"]["vocab_size"] = (
-            len(VOCAB) if "task" in data else _corpus_vocab(data["corpus"])
-        )
+    if not resume and "vocab_size" not in data["model"]:
+        data["model"]["vocab_size"] = data_vocab_size(data)
     padded = isinstance(data.get("task"), dict) and data["task"].get("layout") == "padded"
     if not resume and padded and "seq_len" not in given.section("train") | data.get("train", {}):
         from nopelab.config import build
@@ -118,13 +115,6 @@ def _kept_checkpoint(out: Path, hint: bool = True) -> str:
     return (
         f"{kept}: continue with {shlex.join(['nopelab', 'train', '--resume', '--out', str(out)])}"
     )
-
-
-def _corpus_vocab(corpus: dict[str, Any]) -> int:
-    """The model vocabulary a corpus setting implies (byte: 256; bpe: its vocabulary size)."""
-    if corpus.get("tokenizer", "byte") == "bpe":
-        return int(corpus.get("bpe_vocab", 4096))
-    return 256
 
 
 def _default_out(run: Any) -> Path:

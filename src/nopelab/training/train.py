@@ -107,6 +107,17 @@ class TrainRun:
         )
 
 
+def data_vocab_size(settings: dict[str, Any]) -> int:
+    """The vocabulary the data of a run's settings implies: the task characters, 256 bytes, or
+    the BPE's size (what the model's ``vocab_size`` is when not given)."""
+    from nopelab.training.tasks import VOCAB
+
+    if "task" in settings:
+        return len(VOCAB)
+    corpus = settings.get("corpus", {})
+    return int(corpus.get("bpe_vocab", 4096)) if corpus.get("tokenizer") == "bpe" else 256
+
+
 def read_run(out: Path) -> TrainRun:
     """The configuration of a training run directory."""
     path = out / CONFIG_FILE

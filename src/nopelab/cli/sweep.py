@@ -1,0 +1,60 @@
+"""``nopelab sweep GRID.toml``: a grid of runs as Ray tasks, resumable, into one results table."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nopelab.cli.app import OUTPUT, app
+
+
+@app.command()
+def sweep(
+    grid: Annotated[
+        Path,
+        typer.Argument(
+            help="Grid file (TOML): command, [base] settings, [axes] (crossed), [zip], seeds, "
+            "[resources]; see docs/sweeps.md"
+        ),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Sweep folder; running the same command again continues it \\[runs/sweep-GRID]",
+            rich_help_panel=OUTPUT,
+        ),
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="Join the Ray cluster at HOST:PORT (or auto) \\[a local one-machine cluster]"
+        ),
+    ] = None,
+) -> None:
+    """Run every cell of a grid as a Ray task; finished cells are skipped on a re-run, their rows
+    gathered in OUT/results (pandas.read_parquet reads it)."""
+    from nopelab.sweep.engine import run_sweep
+    from nopelab.sweep.grid import read_grid
+
+    spec = read_grid(grid)
+    out = out or Path("runs") / f"sweep-{grid.stem}"
+    again = shlex.join(["nopelab", "sweep", str(grid), "--out", str(out)])
+    try:
+        counts = run_sweep(spec, out, address)
+    except KeyboardInterrupt:
+        typer.echo(
+            f"nopelab: interrupted; finished cells are kept: continue with {again}", err=True
+        )
+        sys.exit(130)
+    if counts["failed"]:
+        typer.echo(
+            f"nopelab: error: {counts['failed']} cells failed (their errors: {out / 'failed'}); "
+            f"the others are in {out / 'results'}; rerun with {again}",
+            err=True,
+        )
+        sys.exit(1)
+    typer.echo(f"wrote {out / 'results'} ({counts['done']} cells)")

@@ -1,0 +1,176 @@
+"""Run a grid's cells as Ray tasks: in parallel, resumable, one results table.
+
+The sweep folder holds ``grid.json`` (the grid it was started with), ``cells/KEY/`` (each cell's
+files, written all-or-nothing), ``results/KEY.parquet`` (each finished cell's rows: together a
+parquet dataset, ``pandas.read_parquet(FOLDER / "results")``) and ``failed/KEY.txt`` (the
+one-line error of a cell that failed). A cell counts as finished when its results file exists;
+a re-run skips finished cells and runs the others again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from nopelab.errors import UserError
+from nopelab.runtime.device import progress_bar
+from nopelab.runtime.rundir import locked, replace_atomically, staged_run, write_json
+from nopelab.sweep.grid import Cell, Grid
+
+GRID_FILE = "grid.json"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    key: str
+    error: str | None = None  # None: finished
+
+
+def run_one(cell: Cell, out: Path, threads: int) -> Outcome:
+    """One cell, as a Ray task runs it: its folder all-or-nothing, then its results file."""
+    import torch
+
+    from nopelab.sweep.cells import run_cell
+
+    torch.set_num_threads(threads)
+    failed = out / "failed" / f"{cell.key}.txt"
+    try:
+        with staged_run(out / "cells" / cell.key, force=True, command="sweep-cell") as staging:
+            write_json(staging / "cell.json", {"command": cell.command, **cell.settings})
+            rows = run_cell(cell, staging)
+    except Exception as exc:  # a failing cell is recorded; the others go on
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        failed.parent.mkdir(exist_ok=True)
+        replace_atomically(failed, lambda tmp: tmp.write_text(message + "\n"))
+        return Outcome(cell.key, message)
+    (out / "results").mkdir(exist_ok=True)
+    frame = pd.DataFrame(rows)
+    replace_atomically(
+        out / "results" / f"{cell.key}.parquet", lambda tmp: frame.to_parquet(tmp, index=False)
+    )
+    failed.unlink(missing_ok=True)
+    return Outcome(cell.key)
+
+
+def finished(out: Path) -> set[str]:
+    """Keys of the cells whose results are written."""
+    return {p.stem for p in (out / "results").glob("*.parquet")}
+
+
+def check_address(address: str) -> None:
+    """Refuse an unreachable Ray address at once (``ray.init`` would wait a long time)."""
+    if address == "auto":
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UserError(f"--address: expected HOST:PORT, ray://HOST:PORT or auto, got {address!r}")
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+    except (OSError, ValueError):
+        raise UserError(f"--address: no Ray cluster answers at {address}") from None
+
+
+def prepare(out: Path, grid: Grid) -> None:
+    """A new sweep folder, or the folder of the same grid to continue; anything else is refused."""
+    record = {"grid": _jsonable_grid(grid)}
+    if out.exists() and any(out.iterdir()):
+        if not (out / GRID_FILE).is_file():
+            raise UserError(f"--out: {out} is not empty and holds no sweep; choose a new folder")
+        if json.loads((out / GRID_FILE).read_text()) != record:
+            raise UserError(
+                f"--out: {out} holds a sweep of another grid; choose a new folder for this one"
+            )
+        for stale in (out / "cells").glob(".*.staging-*"):  # cells a killed worker left
+            shutil.rmtree(stale, ignore_errors=True)
+        return
+    with staged_run(out, force=False, command="sweep") as staging:
+        write_json(staging / GRID_FILE, record)
+
+
+def _jsonable_grid(grid: Grid) -> dict[str, Any]:
+    return json.loads(json.dumps(asdict(grid), default=list))
+
+
+def run_sweep(grid: Grid, out: Path, address: str | None = None) -> dict[str, int]:
+    """Run every unfinished cell of ``grid`` into ``out`` on Ray; return counts of cells
+    ``done`` (this time and before), ``failed`` and ``skipped`` (finished before)."""
+    cells = grid.cells()
+    if address is not None:
+        check_address(address)
+    out = out.expanduser().resolve()
+    with locked(out):
+        prepare(out, grid)
+        done_before = finished(out)
+        todo = [cell for cell in cells if cell.key not in done_before]
+        counts = {"done": len(cells) - len(todo), "failed": 0, "skipped": len(cells) - len(todo)}
+        _say(f"sweep: {len(cells)} cells, {counts['skipped']} finished before, {len(todo)} to run")
+        if todo:
+            _run_on_ray(grid, todo, out, address, counts, len(cells))
+    return counts
+
+
+def _run_on_ray(
+    grid: Grid, todo: list[Cell], out: Path, address: str | None, counts: dict[str, int],
+    total: int,
+) -> None:  # fmt: skip
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, private cluster
+    os.environ.setdefault("RAY_worker_niceness", "0")  # cells run at the priority a serial run has
+    r = grid.resources
+    ray.init(
+        address=address,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    try:
+        task = ray.remote(num_cpus=r.cpus_per_cell, num_gpus=r.gpus_per_cell, max_retries=0)(
+            run_one
+        )
+        pending = {task.remote(cell, out, r.threads_per_cell): cell for cell in todo}
+        slots = max(1, int(ray.cluster_resources().get("CPU", 1) // r.cpus_per_cell))
+        start = time.perf_counter()
+        with progress_bar(transient=False) as bar:
+            shown = bar.add_task("cells", total=total, completed=counts["done"])
+            while pending:
+                running = min(len(pending), slots)
+                bar.update(
+                    shown, description=f"cells ({running} running, {counts['failed']} failed)"
+                )
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    cell = pending.pop(ref)
+                    outcome: Outcome = ray.get(ref)
+                    if outcome.error is None:
+                        counts["done"] += 1
+                        bar.advance(shown)
+                    else:
+                        counts["failed"] += 1
+                    if bar.disable:  # no terminal: a line per cell
+                        what = "done" if outcome.error is None else f"failed: {outcome.error}"
+                        _say(
+                            f"cell {cell.key} {what} ({counts['done']}/{total} done, "
+                            f"{counts['failed']} failed, {len(pending)} to go; "
+                            f"{time.perf_counter() - start:.0f} s)"
+                        )
+    except BaseException:
+        for ref in list(pending):
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        ray.shutdown()
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,228 @@
+"""nopelab sweep: grid files checked before anything is written, cells run on Ray, resumable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from nopelab.errors import ConfigError
+from nopelab.runtime.rundir import locked
+from nopelab.sweep.grid import parse_grid
+
+BASE = """
+[base.task]
+name = "copy"
+max_len = 3
+train_size = 200
+test_size = 16
+
+[base.model]
+n_layers = 1
+n_heads = 2
+d_model = 32
+
+[base.train]
+steps = {steps}
+batch_size = 8
+seq_len = 32
+eval_every = {steps}
+checkpoint_every = {steps}
+eval_samples = 16
+device = "cpu"
+"""
+
+
+def grid_text(axes: str, steps: int = 4, top: str = "", command: str = "train") -> str:
+    """A grid: top-level keys, the base tables of a tiny copy-task model, then ``axes``."""
+    return f'command = "{command}"\n{top}\n{BASE.format(steps=steps)}\n{axes}\n'
+
+
+def write_grid(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "grid.toml"
+    path.write_text(text)
+    return path
+
+
+def parse(text: str):
+    import tomllib
+
+    return parse_grid(tomllib.loads(text))
+
+
+def test_cells_cross_axes_zip_pairs_and_seeds_multiply() -> None:
+    grid = parse(
+        grid_text(
+            '[axes]\n"model.pos_encoding" = ["none", "learned", "rope"]\n'
+            '[zip]\n"model.d_model" = [32, 64]\n"model.n_heads" = [2, 4]\n',
+            top="seeds = [0, 1]",
+        )
+    )
+    cells = grid.cells()
+    assert len(cells) == 2 * 3 * 2  # zip pairs x crossed values x seeds
+    pairs = {(c.settings["model"]["d_model"], c.settings["model"]["n_heads"]) for c in cells}
+    assert pairs == {(32, 2), (64, 4)}  # zipped, never crossed
+    assert {c.settings["train"]["seed"] for c in cells} == {0, 1}
+    assert len({c.key for c in cells}) == len(cells)
+    again = parse(grid_text('[axes]\n"model.pos_encoding" = ["none"]')).cells()[0]
+    assert again.key == parse(grid_text('[axes]\n"model.pos_encoding" = ["none"]')).cells()[0].key
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "fragment"),
+    [
+        (grid_text('[axes]\n"model.layerz" = [1, 2]'), "axes.model.layerz", "unknown setting"),
+        (grid_text('[axes]\n"probe.seeds" = [1, 2]'), "axes.probe.seeds", "unknown setting"),
+        (grid_text('[axes]\n"model.n_layers" = []'), "axes.model.n_layers", "empty axis"),
+        (grid_text('[axes]\n"model.n_layers" = 2'), "axes.model.n_layers", "expected a list"),
+        (grid_text('[axes]\n"model.n_layers" = [1, "x"]'), "axes.model.n_layers", "expected int"),
+        (grid_text('[axes]\n"model.pos_encoding" = ["fourier"]'), "axes.model.pos_encoding", "unknown value"),
+        (grid_text('[axes]\n"model.n_layers" = [0]'), "axes.model.n_layers", "> 0"),
+        ('command = "analyze"\n[base.model]\nn_layers = 0', "base.model.n_layers", "> 0"),
+        ('command = "analyze"\n[base.task]\nname = "copy"', "base.task", "unknown section"),
+        (grid_text("", command="fit"), "command", "allowed: train"),
+        (grid_text("", top="colour = 1"), "colour", "unknown key"),
+        (grid_text('[zip]\n"model.d_model" = [32, 64]\n"model.n_heads" = [2]'), "zip", "same number"),
+        (grid_text("", top="seeds = []"), "seeds", "non-empty"),
+        (grid_text("[resources]\ncpus_per_cell = 0"), "resources.cpus_per_cell", "> 0"),
+        (grid_text("[resources]\nthreads = 2"), "resources.threads", "unknown key"),
+    ],
+)  # fmt: skip
+def test_bad_grids_name_the_field(text: str, field: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(text)
+    assert info.value.field == field, str(info.value)
+    assert fragment in str(info.value)
+
+
+def run_sweep_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "nopelab", "sweep", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.parametrize(
+    ("axes", "extra", "message"),
+    [
+        ('[axes]\n"model.layerz" = [1]', [], "axes.model.layerz: unknown setting"),
+        ('[axes]\n"model.n_layers" = []', [], "axes.model.n_layers: empty axis"),
+        ('[axes]\n"train.lr" = ["fast"]', [], "axes.train.lr: expected float"),
+        ('[axes]\n"model.n_layers" = [1]', ["--address", "127.0.0.1:9"], "--address: no Ray"),
+    ],
+)
+def test_bad_sweep_input_is_one_line_exit_2_nothing_written(
+    axes: str, extra: list[str], message: str, tmp_path: Path
+) -> None:
+    grid = write_grid(tmp_path, grid_text(axes))
+    before = sorted(tmp_path.iterdir())
+    done = run_sweep_cli([str(grid), "--out", str(tmp_path / "out"), *extra], tmp_path)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"nopelab: error: {message}"), line
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_a_second_sweep_into_the_same_folder_is_refused(tmp_path: Path) -> None:
+    grid = write_grid(tmp_path, grid_text('[axes]\n"model.n_layers" = [1]'))
+    out = tmp_path / "out"
+    with locked(out):  # as a running sweep holds it
+        done = run_sweep_cli([str(grid), "--out", str(out)], tmp_path)
+    assert done.returncode == 2
+    assert "another nopelab process is writing" in done.stderr
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_interrupted_sweep_resumes_without_running_a_cell_twice(tmp_path: Path) -> None:
+    """8 cells; SIGINT once some have finished; the re-run runs only the others."""
+    grid = write_grid(
+        tmp_path,
+        grid_text(
+            '[axes]\n"model.pos_encoding" = ["none", "learned"]\n"train.lr" = [1e-3, 3e-3]',
+            steps=150,
+            top="seeds = [0, 1]",
+        ),
+    )
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "nopelab", "sweep", str(grid), "--out", str(out)]
+    first = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while len(list((out / "results").glob("*.parquet"))) < 2 and time.monotonic() < deadline:
+        assert first.poll() is None, first.stderr.read()
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)
+    assert first.wait(timeout=120) == 130
+    assert "finished cells are kept" in first.stderr.read()
+    kept = {p.name: p.stat().st_mtime_ns for p in (out / "results").glob("*.parquet")}
+    assert 2 <= len(kept) < 8
+
+    second = run_sweep_cli([str(grid), "--out", str(out)], tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert f"{len(kept)} finished before, {8 - len(kept)} to run" in second.stderr
+    for name, mtime in kept.items():  # finished cells were not run again
+        assert (out / "results" / name).stat().st_mtime_ns == mtime
+    rows = pd.read_parquet(out / "results")
+    assert len(rows) == 8 and rows["cell"].nunique() == 8
+    assert set(rows["model.pos_encoding"]) == {"none", "learned"}
+    assert set(rows["seed"]) == {0, 1}
+    for key in rows["cell"]:
+        assert (out / "cells" / key / "train" / "model.safetensors").is_file()
+    assert not list((out / "cells").glob(".*"))  # no half-written cell is left
+
+
+@pytest.mark.slow
+def test_a_failing_cell_is_recorded_and_the_others_finish(tmp_path: Path) -> None:
+    """seq_len 8 cannot hold a copy line: that cell fails at run time with one line."""
+    grid = write_grid(tmp_path, grid_text('[axes]\n"train.seq_len" = [8, 32]'))
+    out = tmp_path / "out"
+    done = run_sweep_cli([str(grid), "--out", str(out)], tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "1 cells failed" in done.stderr
+    (failure,) = (out / "failed").glob("*.txt")
+    assert "seq_len" in failure.read_text() and len(failure.read_text().splitlines()) == 1
+    rows = pd.read_parquet(out / "results")
+    assert list(rows["train.seq_len"]) == [32]
+
+
+@pytest.mark.slow
+def test_a_cell_gives_the_numbers_of_a_serial_run(tmp_path: Path) -> None:
+    """The same seed through the sweep (a Ray worker, one thread) and in this process."""
+    import torch
+
+    from nopelab.sweep.cells import run_cell
+
+    text = grid_text('[axes]\n"model.pos_encoding" = ["none"]', steps=30)
+    grid = write_grid(tmp_path, text)
+    done = run_sweep_cli([str(grid), "--out", str(tmp_path / "out")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    swept = pd.read_parquet(tmp_path / "out" / "results").iloc[0]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        (serial,) = run_cell(parse(text).cells()[0], tmp_path / "serial")
+    finally:
+        torch.set_num_threads(threads)
+    assert serial["cell"] == swept["cell"]
+    assert serial["loss"] == swept["loss"] and serial["accuracy"] == swept["accuracy"]
+
+
+def test_sweep_help_names_the_grid_format() -> None:
+    env = {**os.environ, "COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-m", "nopelab", "sweep", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0
+    assert "--address" in done.stdout and "Grid file" in done.stdout
