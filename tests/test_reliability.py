@@ -108,6 +108,16 @@ BAD_INPUT = {
         ("chi2023 --resume", "--resume:"),
         ("zuo2025 --part trained --models RUN", "--models: only for zuo2025 --part probes"),
     ],
+    "sweep": [
+        ("no/such.toml", "GRID: no/such.toml: no such file"),
+        ("notes.txt", "GRID: notes.txt:"),
+    ],
+    "report": [
+        ("no/such/dir", "DIR: no/such/dir is not a folder"),
+        (".", "DIR: . holds no nopelab run"),
+        ("RUN --out page.txt", "--out: page.txt: expected a .html file"),
+        ("RUN --out RUN/page.html", "lies inside"),
+    ],
 }
 CASES = [(command, args, message) for command, rows in BAD_INPUT.items() for args, message in rows]
 

@@ -7,6 +7,7 @@ from nopelab.cli import (  # noqa: F401  (importing a command module registers t
     export,
     intervene,
     probe,
+    report,
     reproduce,
     sweep,
     train,

@@ -17,8 +17,8 @@ def sweep(
     grid: Annotated[
         Path,
         typer.Argument(
-            help="Grid file (TOML): command, [base] settings, [axes] (crossed), [zip], seeds, "
-            "[resources]; see docs/sweeps.md"
+            help="Grid file (TOML): command, \\[base] settings, \\[axes] (crossed), \\[zip], seeds, "
+            "\\[resources]; see docs/sweeps.md"
         ),
     ],
     out: Annotated[
