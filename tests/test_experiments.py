@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -14,11 +16,12 @@ import torch
 from nopelab.cli import main
 from nopelab.config import ModelConfig, RunConfig, TrainConfig
 from nopelab.errors import UserError
-from nopelab.experiments import EXPERIMENTS, zuo2025_trained
+from nopelab.experiments import EXPERIMENTS, chi2023_pretrained
 from nopelab.experiments import trained as trained_module
-from nopelab.experiments.trained import analyze_trained, train_into, train_many
+from nopelab.experiments.trained import train_into
 from nopelab.models.transformer import Transformer
 from nopelab.runtime.rundir import write_marker
+from nopelab.sweep.jobs import DONE
 from nopelab.training.tasks import TaskConfig
 from nopelab.training.train import TrainRun, train
 
@@ -75,33 +78,45 @@ def test_zuo2025_random_init_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_zuo2025_trained_smoke_interrupted_and_resumed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """SIGINT once two models are finished; --resume runs only the others."""
     out = tmp_path / "zuo-trained"
-    calls = []
-
-    def interrupt_second_analysis(*args, **kwargs):
-        calls.append(args[0])
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return analyze_trained(*args, **kwargs)
-
-    monkeypatch.setattr(zuo2025_trained, "analyze_trained", interrupt_second_analysis)
-    with pytest.raises(SystemExit) as info:
-        reproduce(["zuo2025", "--part", "trained", "--out", str(out)], monkeypatch)
-    assert info.value.code == 130
+    argv = ["reproduce", "zuo2025", "--part", "trained", "--scale", "smoke", "--device", "cpu"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "nopelab", *argv, "--out", str(out)],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while len(list(out.glob(f"runs/*/{DONE}"))) < 2 and time.monotonic() < deadline:
+        assert first.poll() is None, first.stderr.read()
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)
+    assert first.wait(timeout=120) == 130
+    assert "finished models are kept" in first.stderr.read()
     assert (out / "reproduction.json").is_file() and not (out / "summary.md").exists()
-    models = sorted((out / "runs").glob("*/model.safetensors"))
-    assert len(models) == 4 * 3  # every model finished training before the analyses
-    stamps = [path.stat().st_mtime_ns for path in models]
+    kept = {p: p.stat().st_mtime_ns for p in out.glob(f"runs/*/{DONE}")}
+    assert 2 <= len(kept) < 12
     with pytest.raises(SystemExit) as info:  # another seed is another run
         reproduce(["zuo2025", "--part", "trained", "--out", str(out), "--resume", "--seed", "1"],
                   monkeypatch)  # fmt: skip
     assert info.value.code == 2
-    monkeypatch.setattr(zuo2025_trained, "analyze_trained", analyze_trained)
     reproduce(["zuo2025", "--part", "trained", "--out", str(out), "--resume"], monkeypatch)
-    assert [path.stat().st_mtime_ns for path in models] == stamps  # not trained again
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept  # finished models were not run again
+    assert len(list(out.glob(f"runs/*/{DONE}"))) == 12
     with pytest.raises(SystemExit) as info:
         reproduce(["zuo2025", "--part", "trained", "--out", str(out), "--resume"], monkeypatch)
     assert info.value.code == 2  # finished
+
+    # the same numbers as an uninterrupted run
+    whole = tmp_path / "whole"
+    reproduce(["zuo2025", "--part", "trained", "--out", str(whole)], monkeypatch)
+    timing = ["train_seconds", "tokens_per_second"]
+    for name in ("accuracy.parquet", "scores.parquet"):
+        a, b = (
+            pd.read_parquet(f / name).drop(columns=timing, errors="ignore") for f in (out, whole)
+        )
+        pd.testing.assert_frame_equal(a, b)
 
     accuracy = pd.read_parquet(out / "accuracy.parquet")
     assert len(accuracy) == 4 * 3 and accuracy["accuracy"].between(0, 1).all()
@@ -152,6 +167,24 @@ def test_chi2023_pretrained_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert "does the variance shrinkage survive training" in (out / "summary.md").read_text()
     assert (out / "variance.png").stat().st_size > 0
     assert (out / "runs" / "lm-none" / "tokenizer.json").is_file()
+
+    # the models ran as Ray tasks of one thread; one after another here, the numbers are equal
+    monkeypatch.setattr(chi2023_pretrained, "default_workers", lambda device: 1)
+    serial = tmp_path / "serial"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        reproduce(["chi2023", "--part", "pretrained", "--out", str(serial)], monkeypatch)
+    finally:
+        torch.set_num_threads(threads)
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(serial / "layers.parquet"), pd.read_parquet(out / "layers.parquet")
+    )
+    speed = ["tokens_per_second"]
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(serial / "perplexity.parquet").drop(columns=speed),
+        pd.read_parquet(out / "perplexity.parquet").drop(columns=speed),
+    )
 
 
 @pytest.mark.slow
@@ -234,7 +267,7 @@ def test_zuo2025_probes_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     reused = tmp_path / "zuo-probes-reused"
     args = ["zuo2025", "--part", "probes", "--models", str(trained), "--out", str(reused)]
     reproduce(args, monkeypatch)
-    assert not (reused / "runs").exists()
+    assert not list((reused / "runs").rglob("*.safetensors"))  # only the probes' files
     pd.testing.assert_frame_equal(pd.read_parquet(reused / "probes.parquet"), probes)
     for bad in (["--seed", "1"], ["--part", "trained"]):
         with pytest.raises(SystemExit) as info:
@@ -290,8 +323,9 @@ def test_train_into_continues_a_stopped_run_and_reads_a_finished_one(
     run = tiny_task_run()
     train(run, tmp_path / "whole", progress=False)
     whole = pd.read_csv(tmp_path / "whole" / "metrics.csv")
-    train(run, tmp_path / "cut" / "runs" / "a", progress=False, stop_after=4)
-    folder, summary = train_into("a", run, tmp_path / "cut")
+    folder = tmp_path / "cut"
+    train(run, folder, progress=False, stop_after=4)
+    summary = train_into(run, folder)
     pd.testing.assert_frame_equal(
         pd.read_csv(folder / "metrics.csv").drop(columns="tokens_per_second"),
         whole.drop(columns="tokens_per_second"),
@@ -301,32 +335,14 @@ def test_train_into_continues_a_stopped_run_and_reads_a_finished_one(
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(trained_module, "train", no_training)
-    assert train_into("a", run, tmp_path / "cut") == (folder, summary)
+    assert train_into(run, folder) == summary
     # a run killed before its first checkpoint starts over; a folder nopelab did not write is kept
     monkeypatch.undo()
-    early = tmp_path / "early" / "runs" / "b"
+    early = tmp_path / "early"
     early.mkdir(parents=True)
     (early / "config.json").write_text("{}")
     with pytest.raises(UserError, match="does not hold a nopelab run"):
-        train_into("b", run, tmp_path / "early")
+        train_into(run, early)
     assert (early / "config.json").read_text() == "{}"
     write_marker(early, "nopelab train")
-    _, summary = train_into("b", run, tmp_path / "early")
-    assert summary["steps"] == 6
-
-
-@pytest.mark.slow
-def test_train_many_in_parallel_processes_equals_one_by_one(tmp_path: Path) -> None:
-    runs = {"a": tiny_task_run(4), "b": dataclasses.replace(tiny_task_run(4), task=TaskConfig(
-        name="wherex", max_len=3, train_size=200, test_size=16, layout="padded"))}  # fmt: skip
-    parallel = train_many(runs, tmp_path / "parallel", workers=2)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        serial = train_many(runs, tmp_path / "serial", workers=1)
-    finally:
-        torch.set_num_threads(threads)
-    for name in runs:
-        a, b = (pd.read_csv(r[name][0] / "metrics.csv") for r in (parallel, serial))
-        assert a["loss"].tolist() == b["loss"].tolist()
-        assert parallel[name][1]["final_eval"] == serial[name][1]["final_eval"]
+    assert train_into(run, early)["steps"] == 6

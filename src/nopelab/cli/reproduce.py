@@ -40,8 +40,9 @@ def reproduce(
     resume: Annotated[
         bool,
         typer.Option(
-            help="Continue an interrupted run in --out (zuo2025 trained and probes): finished "
-            "models are kept, an interrupted one continues from its checkpoint"
+            help="Continue an interrupted run in --out (the parts with several models: all but "
+            "chi2023 random-init and real-model): finished models are kept, an interrupted one "
+            "continues from its checkpoint"
         ),
     ] = False,
     models: Annotated[
@@ -65,15 +66,16 @@ def reproduce(
             f"--part: {paper} has no part {part!r}; allowed: {', '.join(experiment.parts)}"
         )
     runner = experiment.parts[part]
-    scales = (
-        ("smoke", "small", "medium", "paper") if runner.resumable else ("smoke", "small", "paper")
-    )
-    if scale not in scales:
-        raise UserError(f"--scale: unknown {scale!r}; allowed: {', '.join(scales)}")
+    if scale not in runner.scales:
+        raise UserError(f"--scale: unknown {scale!r}; allowed: {', '.join(runner.scales)}")
     if resume and not runner.resumable:
+        resumable = [
+            f"{name} --part {p}" for name, e in EXPERIMENTS.items() for p, r in e.parts.items()
+            if r.resumable
+        ]  # fmt: skip
         raise UserError(
-            f"--resume: {paper} --part {part} cannot be resumed; "
-            "allowed for zuo2025 --part trained and probes"
+            f"--resume: {paper} --part {part} cannot be resumed; allowed for "
+            + ", ".join(resumable)
         )
     if resume and (out is None or force):
         raise UserError("--resume: give the run folder with --out (and no --force)")

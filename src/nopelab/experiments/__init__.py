@@ -20,11 +20,15 @@ from nopelab.experiments import (
 
 @dataclass(frozen=True)
 class Part:
-    """``settings(scale, seed, device)`` validates and resolves; ``run(settings, out)`` writes."""
+    """``settings(scale, seed, device)`` validates and resolves; ``run(settings, out)`` writes.
+
+    A resumable part runs its models as jobs (:func:`~nopelab.sweep.jobs.run_jobs`) and writes
+    into ``--out`` as it goes; ``--resume`` continues it, skipping finished models."""
 
     settings: Callable[[str, int, str], Any]
     run: Callable[[Any, Path], None]
-    resumable: bool = False  # writes into --out as it goes; --resume continues it
+    resumable: bool = False
+    scales: tuple[str, ...] = ("smoke", "small", "paper")
 
 
 @dataclass(frozen=True)
@@ -33,24 +37,29 @@ class Experiment:
     default_part: str
 
 
+WITH_MEDIUM = ("smoke", "small", "medium", "paper")
 EXPERIMENTS = {
     "chi2023": Experiment(
         {
             "random-init": Part(chi2023.settings, chi2023.run),
-            "pretrained": Part(chi2023_pretrained.settings, chi2023_pretrained.run),
+            "pretrained": Part(chi2023_pretrained.settings, chi2023_pretrained.run, resumable=True),
         },
         "random-init",
     ),
     "zuo2025": Experiment(
         {
-            "random-init": Part(zuo2025.settings, zuo2025.run),
-            "trained": Part(zuo2025_trained.settings, zuo2025_trained.run, resumable=True),
-            "probes": Part(zuo2025_probes.settings, zuo2025_probes.run, resumable=True),
+            "random-init": Part(zuo2025.settings, zuo2025.run, resumable=True),
+            "trained": Part(
+                zuo2025_trained.settings, zuo2025_trained.run, resumable=True, scales=WITH_MEDIUM
+            ),
+            "probes": Part(
+                zuo2025_probes.settings, zuo2025_probes.run, resumable=True, scales=WITH_MEDIUM
+            ),
         },
         "random-init",
     ),
     "haviv2022": Experiment(
-        {"pretrained": Part(haviv2022.settings, haviv2022.run)},
+        {"pretrained": Part(haviv2022.settings, haviv2022.run, resumable=True)},
         "pretrained",
     ),
     "real-model": Experiment(

@@ -16,10 +16,17 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig
-from nopelab.experiments.trained import Trained, lm_runs, perplexity_row, train_and_analyze
-from nopelab.measure.report import markdown_table, positions_table
+from nopelab.experiments.trained import (
+    Trained,
+    lm_runs,
+    perplexity_row,
+    read_trained,
+    train_and_analyze,
+)
+from nopelab.measure.report import markdown_table
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
+from nopelab.sweep.jobs import Job, default_workers, run_jobs
 from nopelab.training.train import TrainRun
 
 POS_ENCODINGS = ("none", "learned", "rope")
@@ -48,6 +55,7 @@ SCALES = {
 class Settings:
     runs: dict[str, TrainRun]  # pos_encoding -> run
     analysis: AnalysisConfig
+    workers: int  # models trained at once
 
 
 def settings(scale: str, seed: int, device: str) -> Settings:
@@ -63,23 +71,24 @@ def settings(scale: str, seed: int, device: str) -> Settings:
         seed=seed,
         device=device,
     )
-    return Settings(runs, analysis)
+    return Settings(runs, analysis, 1 if scale == "paper" else default_workers(device))
 
 
 def _layer_ratios(pe: str, result: Trained) -> list[dict]:
     rows = []
-    for state, capture in (("init", result.init), ("trained", result.trained)):
-        for (site, layer), stats in capture.sites.items():
-            if site == "attn_out":
+    for state, analysis in (("init", result.init), ("trained", result.trained)):
+        for row in analysis.rows:
+            if row["site"] == "attn_out":
+                variance = analysis.variance("attn_out", row["layer"])
                 rows.append(
                     {
                         "pos_encoding": pe,
                         "state": state,
-                        "layer": layer,
-                        "first_over_last": float(stats.variance[0] / stats.variance[-1]),
-                        "slope": _loglog_slope(stats.variance),
-                        "norm_score": stats.norm_score.mean,
-                        "adjacency": stats.adjacency.mean,
+                        "layer": row["layer"],
+                        "first_over_last": float(variance[0] / variance[-1]),
+                        "slope": _loglog_slope(variance),
+                        "norm_score": row["norm_score_mean"],
+                        "adjacency": row["adjacency_mean"],
                     }
                 )
     return rows
@@ -92,14 +101,19 @@ def _loglog_slope(variance: np.ndarray) -> float:
 
 
 def run(settings: Settings, out: Path) -> None:
+    jobs = [
+        Job(f"lm-{pe}", train_and_analyze, (train_run, settings.analysis))
+        for pe, train_run in settings.runs.items()
+    ]
+    run_jobs(jobs, out, "chi2023 language models", settings.workers)
     ratios, perplexity, positions = [], [], []
-    for pe, train_run in settings.runs.items():
-        result = train_and_analyze(f"lm-{pe}", train_run, settings.analysis, out)
+    for pe in settings.runs:
+        result = read_trained(out / "runs" / f"lm-{pe}")
         ratios += _layer_ratios(pe, result)
         perplexity.append(perplexity_row(result.summary, pos_encoding=pe))
         if pe == "none":
-            for state, capture in (("init", result.init), ("trained", result.trained)):
-                table = positions_table(capture)
+            for state, analysis in (("init", result.init), ("trained", result.trained)):
+                table = analysis.positions
                 table = table[table["site"] == "attn_out"].assign(site=f"NoPE attn_out, {state}")
                 positions.append(table)
 

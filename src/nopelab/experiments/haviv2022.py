@@ -15,6 +15,7 @@ only: depth as a fraction of the stack, MAD as a fraction of the random-guess ba
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from nopelab.measure.report import markdown_table
 from nopelab.probing.pipeline import probe_model
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
+from nopelab.sweep.jobs import Job, default_workers, run_jobs
 from nopelab.training.train import TrainRun, load_trained, make_source
 
 POS_ENCODINGS = ("none", "learned", "sinusoidal", "alibi")
@@ -74,6 +76,7 @@ class Settings:
     runs: dict[str, TrainRun]  # pos_encoding -> run
     analysis: AnalysisConfig  # the probes' inputs: held-out text windows
     probe: ProbeConfig
+    workers: int  # models trained and probed at once
 
 
 def settings(scale: str, seed: int, device: str) -> Settings:
@@ -98,7 +101,7 @@ def settings(scale: str, seed: int, device: str) -> Settings:
         batch_size=p["batch_size"],
         memory_gb=16.0,  # paper scale: ~21 GB of activations; beyond this, memory-mapped
     )
-    return Settings(runs, analysis, probe)
+    return Settings(runs, analysis, probe, 1 if scale == "paper" else default_workers(device))
 
 
 def random_baseline(seq_len: int) -> float:
@@ -173,23 +176,39 @@ def _nope_curve(probes: pd.DataFrame) -> pd.DataFrame:
     return shape[shape["pos_encoding"] == "none"].set_index("layer")
 
 
+def train_and_probe(
+    pe: str, run: TrainRun, analysis: AnalysisConfig, probe: ProbeConfig, folder: Path
+) -> None:
+    """Train one language model into ``folder``, then probe every layer for absolute position
+    (``probes.json``: one row per layer and probe). A job."""
+    train_into(run, folder)
+    model = load_trained(folder)[1]
+    rows = probe_model(
+        model,
+        analysis,
+        probe,
+        source=make_source(run, folder),
+        description=folder.name,
+        labels={"pos_encoding": pe},
+    )
+    write_json(folder / "probes.json", {"rows": rows})
+
+
 def run(settings: Settings, out: Path) -> None:
-    perplexity, rows = [], []
     a = settings.analysis
-    for pe, train_run in settings.runs.items():
-        folder, summary = train_into(f"lm-{pe}", train_run, out)
+    jobs = [
+        Job(f"lm-{pe}", train_and_probe, (pe, train_run, a, settings.probe))
+        for pe, train_run in settings.runs.items()
+    ]
+    run_jobs(jobs, out, "haviv2022 language models", settings.workers)
+    perplexity, rows = [], []
+    for pe in settings.runs:
+        folder = out / "runs" / f"lm-{pe}"
+        summary = json.loads((folder / "summary.json").read_text())
         perplexity.append(perplexity_row(summary, pos_encoding=pe))
-        model = load_trained(folder)[1]
         rows += [
             {**row, "random_baseline": random_baseline(a.seq_len)}
-            for row in probe_model(
-                model,
-                a,
-                settings.probe,
-                source=make_source(train_run, folder),
-                description=f"lm-{pe}",
-                labels={"pos_encoding": pe},
-            )
+            for row in json.loads((folder / "probes.json").read_text())["rows"]
         ]
 
     first = next(iter(settings.runs.values()))

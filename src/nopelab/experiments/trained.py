@@ -2,27 +2,24 @@
 
 :func:`lm_runs` builds the byte-level language models on the embedded corpus that the
 pretrained-LM parts compare (one per positional encoding, otherwise identical);
-:func:`train_into` trains one run into ``out/runs/NAME`` (continuing an interrupted one, and
-reading a finished one's summary instead of training again); :func:`train_many` trains several,
-in parallel single-thread processes on the CPU; :func:`analyze_trained` analyses a trained
-run's initial and trained weights on the same held-out data.
+:func:`train_into` trains one run into its folder (continuing an interrupted one, and reading a
+finished one's summary instead of training again); :func:`analyze_trained` analyses a trained
+run's initial and trained weights on the same held-out data; :func:`train_and_analyze` is both,
+as one job of :func:`~nopelab.sweep.jobs.run_jobs`, and :func:`read_trained` reads its files
+back.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nopelab.config import AnalysisConfig, CorpusConfig, ModelConfig, RunConfig, TrainConfig
 from nopelab.measure.analysis import analyze_model, build_model
-from nopelab.measure.capture import CaptureResult
-from nopelab.measure.report import summary_rows, write_analysis
+from nopelab.measure.report import WrittenAnalysis, read_analysis, write_analysis
 from nopelab.training.checkpoint import STATE_FILE
 from nopelab.training.train import TrainRun, load_trained, make_source, train
 
@@ -70,82 +67,49 @@ def perplexity_row(summary: dict[str, Any], **labels: Any) -> dict[str, Any]:
     }
 
 
-def train_into(name: str, run: TrainRun, out: Path) -> tuple[Path, dict[str, Any]]:
-    """Train ``run`` into ``out/runs/NAME``; return that folder and the training summary.
+def train_into(run: TrainRun, folder: Path) -> dict[str, Any]:
+    """Train ``run`` into ``folder``; return the training summary.
 
     A folder that already holds the finished run is read, not retrained; one with a checkpoint
     continues from it (a resumed run retraces the uninterrupted one exactly).
     """
-    folder = out / "runs" / name
     if (folder / "summary.json").is_file():
-        return folder, json.loads((folder / "summary.json").read_text())
+        return json.loads((folder / "summary.json").read_text())
     resume = (folder / STATE_FILE).is_file()
     started = folder.is_dir() and any(folder.iterdir())  # stopped before its first checkpoint
-    summary = train(run, folder, resume=resume, force=started and not resume, label=name)
+    summary = train(run, folder, resume=resume, force=started and not resume, label=folder.name)
     assert summary is not None
-    return folder, summary
-
-
-def _train_one_thread(name: str, run: TrainRun, out: Path) -> tuple[Path, dict[str, Any]]:
-    torch.set_num_threads(1)
-    return train_into(name, run, out)
-
-
-def train_many(
-    runs: dict[str, TrainRun], out: Path, workers: int
-) -> dict[str, tuple[Path, dict[str, Any]]]:
-    """:func:`train_into` for every run, by name. With ``workers`` > 1 they train in that many
-    processes of one thread each (small models on a CPU train faster side by side than one
-    after another with all threads); the results do not depend on ``workers``' value > 1. An
-    error or interrupt stops every process; finished models and checkpoints stay."""
-    if workers <= 1:
-        return {name: train_into(name, run, out) for name, run in runs.items()}
-    pool = multiprocessing.get_context("spawn").Pool(workers)
-    try:
-        pending = {
-            name: pool.apply_async(_train_one_thread, (name, run, out))
-            for name, run in runs.items()
-        }
-        results = {name: result.get() for name, result in pending.items()}
-    except BaseException:  # an error, Ctrl-C or SIGTERM: stop the other models at once
-        pool.terminate()
-        raise
-    finally:
-        pool.close()
-        pool.join()
-    return results
+    return summary
 
 
 @dataclass
 class Trained:
-    """A trained run's summary and the statistics of its model at init and after training."""
+    """A trained run's summary and the analyses of its model at init and after training."""
 
     summary: dict[str, Any]
-    init: CaptureResult
-    trained: CaptureResult
+    init: WrittenAnalysis
+    trained: WrittenAnalysis
 
     def rows(self, **labels: Any) -> list[dict[str, Any]]:
         """Summary rows of both states, labelled (``state`` is ``init`` or ``trained``)."""
         return [
             {**labels, "state": state, **row}
             for state, result in (("init", self.init), ("trained", self.trained))
-            for row in summary_rows(result)
+            for row in result.rows
         ]
 
 
-def train_and_analyze(name: str, run: TrainRun, analysis: AnalysisConfig, out: Path) -> Trained:
-    """Train ``run`` into ``out/runs/NAME``, then :func:`analyze_trained` it."""
-    folder, summary = train_into(name, run, out)
-    return analyze_trained(name, run, folder, summary, analysis)
+def train_and_analyze(run: TrainRun, analysis: AnalysisConfig, folder: Path) -> None:
+    """Train ``run`` into ``folder``, then :func:`analyze_trained` it (a job)."""
+    train_into(run, folder)
+    analyze_trained(run, folder, analysis)
 
 
-def analyze_trained(
-    name: str, run: TrainRun, folder: Path, summary: dict[str, Any], analysis: AnalysisConfig
-) -> Trained:
+def analyze_trained(run: TrainRun, folder: Path, analysis: AnalysisConfig) -> None:
     """Analyse a trained run's initial and trained weights on the same held-out data, writing
-    both analyses beside its checkpoint (replacing earlier ones)."""
+    both analyses beside its checkpoint (``analysis-init/``, ``analysis-trained/``; replacing
+    earlier ones)."""
     source = make_source(run, folder)
-    results = {}
     for state in ("init", "trained"):
         start = time.perf_counter()
         model = (
@@ -153,15 +117,23 @@ def analyze_trained(
             if state == "init"
             else load_trained(folder)[1]
         )
-        results[state] = analyze_model(model, analysis, f"{name} {state}", source=source)
+        result = analyze_model(model, analysis, f"{folder.name} {state}", source=source)
         (folder / f"analysis-{state}").mkdir(exist_ok=True)
         write_analysis(
             folder / f"analysis-{state}",
             RunConfig(run.model, analysis),
-            results[state],
+            result,
             time.perf_counter() - start,
-            title=f"{name}, {state}",
+            title=f"{folder.name}, {state}",
             figures=False,
             random_init=state == "init",
         )
-    return Trained(summary, results["init"], results["trained"])
+
+
+def read_trained(folder: Path) -> Trained:
+    """The training summary and both analyses that :func:`train_and_analyze` wrote."""
+    return Trained(
+        json.loads((folder / "summary.json").read_text()),
+        read_analysis(folder / "analysis-init"),
+        read_analysis(folder / "analysis-trained"),
+    )

@@ -20,9 +20,10 @@ import pandas as pd
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, RunConfig
 from nopelab.measure.analysis import analyze_model, build_model
-from nopelab.measure.report import markdown_table, summary_rows, write_analysis
-from nopelab.runtime.device import progress_bar, resolve_device
+from nopelab.measure.report import markdown_table, read_analysis, write_analysis
+from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
+from nopelab.sweep.jobs import Job, default_workers, run_jobs
 
 SCALES = {
     "smoke": dict(d_model=48, n_heads=2, n_layers=2, seq_len=32, samples=8, batch_size=8),
@@ -45,6 +46,7 @@ INIT_GRID = (
 @dataclass(frozen=True)
 class Settings:
     runs: dict[str, RunConfig]  # name -> configuration, variants first, then the init grid
+    workers: int  # models analysed at once
 
 
 def _label(init: str, std: float) -> str:
@@ -78,40 +80,36 @@ def settings(scale: str, seed: int, device: str) -> Settings:
         runs[_label(init, std)] = RunConfig(
             dataclasses.replace(base, init=init, init_std=std), analysis
         )
-    return Settings(runs)
+    return Settings(runs, 1 if scale == "paper" else default_workers(device))
+
+
+def analyze_into(name: str, cfg: RunConfig, folder: Path) -> None:
+    """One configuration's analysis folder (a job)."""
+    start = time.perf_counter()
+    result = analyze_model(build_model(cfg.model, cfg.analysis.seed), cfg.analysis, name)
+    write_analysis(folder, cfg, result, time.perf_counter() - start, title=name, figures=False)
 
 
 def run(settings: Settings, out: Path) -> None:
-    rows, cosines, done = [], {}, {}
-    with progress_bar(transient=False) as bar:
-        task = bar.add_task("zuo2025 configurations", total=len(settings.runs))
-        for name, cfg in settings.runs.items():
-            folder = out / "runs" / name
-            folder.mkdir(parents=True)
-            start = time.perf_counter()
-            if cfg not in done:  # the grid's normal(0.02) is the causal-nope variant
-                done[cfg] = analyze_model(
-                    build_model(cfg.model, cfg.analysis.seed), cfg.analysis, name
-                )
-            result = done[cfg]
-            write_analysis(
-                folder, cfg, result, time.perf_counter() - start, title=name, figures=False
+    jobs = [Job(name, analyze_into, (name, cfg)) for name, cfg in settings.runs.items()]
+    run_jobs(jobs, out, "zuo2025 configurations", settings.workers)
+    rows, cosines = [], {}
+    for name, cfg in settings.runs.items():
+        result = read_analysis(out / "runs" / name)
+        for row in result.rows:
+            rows.append(
+                {
+                    "run": name,
+                    "init": cfg.model.init,
+                    "init_std": cfg.model.init_std,
+                    "pos_encoding": cfg.model.pos_encoding,
+                    "bidirectional": cfg.model.bidirectional,
+                    **row,
+                }
             )
-            for row in summary_rows(result):
-                rows.append(
-                    {
-                        "run": name,
-                        "init": cfg.model.init,
-                        "init_std": cfg.model.init_std,
-                        "pos_encoding": cfg.model.pos_encoding,
-                        "bidirectional": cfg.model.bidirectional,
-                        **row,
-                    }
-                )
-            cosines[name] = {
-                layer: s.cosine for (site, layer), s in result.sites.items() if site == "attn_out"
-            }
-            bar.advance(task)
+        cosines[name] = {
+            layer: matrix for (site, layer), matrix in result.cosine.items() if site == "attn_out"
+        }
 
     scores = pd.DataFrame(rows)
     scores.to_parquet(out / "scores.parquet", index=False)

@@ -17,6 +17,7 @@ as ``zuo2025 --part trained``).
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from nopelab import plots
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import UserError
 from nopelab.experiments import zuo2025_trained
-from nopelab.experiments.trained import train_into, train_many
+from nopelab.experiments.trained import train_into
 from nopelab.measure.analysis import build_model
 from nopelab.measure.report import markdown_table
 from nopelab.models.transformer import Transformer
@@ -34,6 +35,7 @@ from nopelab.probing import signals
 from nopelab.probing.pipeline import probe_model, vocab_halves
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
+from nopelab.sweep.jobs import Job, run_jobs
 from nopelab.training import tasks
 from nopelab.training.train import TrainRun, load_trained, read_run
 
@@ -252,21 +254,41 @@ def _reused(settings: Settings) -> str:
     return f" The models were taken from `{settings.models}` (`--models`), not trained again."
 
 
+def probe_random_init(run: TrainRun, settings: Settings, folder: Path) -> None:
+    """Probe the model every task model starts from (same config, same seed). A job."""
+    rows = _probe(build_model(run.model, run.train.seed), settings, RANDOM, "init")
+    write_json(folder / "probes.json", {"rows": rows})
+
+
+def train_and_probe(task: str, run: TrainRun, settings: Settings, folder: Path) -> None:
+    """Train one task's NoPE model into ``folder`` (or take it from ``settings.models``), then
+    probe it (``probes.json``). A job."""
+    if settings.models is None:
+        train_into(run, folder)
+    model = load_trained(_model_folder(settings, folder))[1]
+    write_json(folder / "probes.json", {"rows": _probe(model, settings, task, "trained")})
+
+
+def _model_folder(settings: Settings, folder: Path) -> Path:
+    return folder if settings.models is None else settings.models / "runs" / folder.name
+
+
 def run(settings: Settings, out: Path) -> None:
     first = next(iter(settings.runs.values()))
-    # every task's model starts from the same weights (same config, same seed)
-    rows = _probe(build_model(first.model, first.train.seed), settings, RANDOM, "init")
-    accuracy = []
     names = {task: f"{task}-none" for task in settings.runs}
-    runs = {names[task]: run for task, run in settings.runs.items()}
-    if settings.models is None:
-        trained = train_many(runs, out, settings.workers)
-    else:
-        trained = {name: train_into(name, runs[name], settings.models) for name in runs}
-    for task in settings.runs:
-        folder, summary = trained[names[task]]
-        accuracy.append({"task": task, "accuracy": summary["final_eval"]["accuracy"]})
-        rows += _probe(load_trained(folder)[1], settings, task, "trained")
+    jobs = [Job(RANDOM, probe_random_init, (first, settings))] + [
+        Job(names[task], train_and_probe, (task, run, settings))
+        for task, run in settings.runs.items()
+    ]
+    run_jobs(jobs, out, "zuo2025 probed models", settings.workers)
+    rows, accuracy = [], []
+    for name in (RANDOM, *names.values()):
+        rows += json.loads((out / "runs" / name / "probes.json").read_text())["rows"]
+    for task, name in names.items():
+        summary = _model_folder(settings, out / "runs" / name) / "summary.json"
+        accuracy.append(
+            {"task": task, "accuracy": json.loads(summary.read_text())["final_eval"]["accuracy"]}
+        )
 
     probes = pd.DataFrame(rows)
     probes.to_parquet(out / "probes.parquet", index=False)
@@ -349,5 +371,6 @@ targets hold the same information and differ only by probe-training noise.
 Figure: `probes.png` (MAE per layer, a line per feature set, a panel per model, site and target,
 baseline dashed). Tables: `probes.parquet` (every fit: MAE, r, baseline, seed stds),
 `verdict.parquet` (per target, model and layer: each signal's best MAE, winner, decisive),
-`summary.json`; the trained runs under `runs/TASK-none/`.
+`summary.json`; the trained runs under `runs/TASK-none/` (with their `probes.json`), the
+random-init model's probes in `runs/random-init/probes.json`.
 """

@@ -16,7 +16,7 @@ recipe trains one left-padded line per row with the loss on every character of t
 et al.'s objective; on the answers alone NoPE learns 3-digit addition far more slowly): see the
 recipe search in docs/zuo2025.md.
 
-Models train in parallel processes of one thread each (two by default on the CPU); a run
+Models train and are analysed as Ray tasks of one thread each (one per core on a CPU); a run
 directory that already holds finished models is continued, not retrained.
 """
 
@@ -30,10 +30,11 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, TrainConfig
-from nopelab.experiments.trained import analyze_trained, train_many
+from nopelab.experiments.trained import read_trained, train_and_analyze
 from nopelab.measure.report import markdown_table
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
+from nopelab.sweep.jobs import Job, default_workers, run_jobs
 from nopelab.training.tasks import TaskConfig, max_line_len, max_prompt_len
 from nopelab.training.train import TrainRun
 
@@ -56,7 +57,7 @@ class Scale:
     layout: str = "padded"
     loss_mode: str = "all"
     samples: int = 256  # analysed prompts per model
-    workers: int = 2  # parallel single-thread training processes (CPU)
+    workers: int | None = None  # models at once (None: one single-thread job per CPU core)
 
 
 CPU_RECIPE = dict(batch_size=128, lr=1e-3, warmup=100)
@@ -121,7 +122,7 @@ def task_config(scale: Scale, task: str) -> TaskConfig:
 
 def settings(scale_name: str, seed: int, device: str) -> Settings:
     scale = SCALES[scale_name]
-    on_cpu = resolve_device(device).type == "cpu"
+    resolve_device(device)
     runs, analyses = {}, {}
     for task in TASKS:
         task_cfg = task_config(scale, task)
@@ -151,20 +152,23 @@ def settings(scale_name: str, seed: int, device: str) -> Settings:
             seed=seed,
             device=device,
         )
-    return Settings(scale, runs, analyses, scale.workers if on_cpu else 1)
+    workers = default_workers(device) if scale.workers is None else scale.workers
+    return Settings(scale, runs, analyses, workers)
 
 
 def run(settings: Settings, out: Path) -> None:
     names = {key: f"{key[0]}-{key[1]}" for key in settings.runs}
-    # NoPE models train first (the part's claim is about them); the results do not depend on order
+    # NoPE models go first (the part's claim is about them); the results do not depend on order
     nope_first = sorted(settings.runs, key=lambda key: POS_ENCODINGS.index(key[1]))
-    trained = train_many({names[k]: settings.runs[k] for k in nope_first}, out, settings.workers)
+    jobs = [
+        Job(names[key], train_and_analyze, (settings.runs[key], settings.analyses[key[0]]))
+        for key in nope_first
+    ]
+    run_jobs(jobs, out, "zuo2025 task models", settings.workers)
     rows, accuracy, heatmaps = [], [], {}
     for (task, pe), train_run in settings.runs.items():
-        folder, summary = trained[names[task, pe]]
-        result = analyze_trained(
-            names[task, pe], train_run, folder, summary, settings.analyses[task]
-        )
+        result = read_trained(out / "runs" / names[task, pe])
+        summary = result.summary
         rows += result.rows(task=task, pos_encoding=pe)
         accuracy.append(
             {
@@ -178,10 +182,10 @@ def run(settings: Settings, out: Path) -> None:
             }
         )
         if pe == "none":
-            for state, capture in (("init", result.init), ("trained", result.trained)):
-                for (site, layer), stats in capture.sites.items():
+            for state, analysis in (("init", result.init), ("trained", result.trained)):
+                for (site, layer), matrix in analysis.cosine.items():
                     if site == "attn_heads":
-                        heatmaps[f"{task} {state} L{layer}"] = stats.cosine
+                        heatmaps[f"{task} {state} L{layer}"] = matrix
     scores = pd.DataFrame(rows)
     scores.to_parquet(out / "scores.parquet", index=False)
     accuracy_table = pd.DataFrame(accuracy)

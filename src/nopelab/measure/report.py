@@ -15,7 +15,9 @@ A run directory holds:
 
 from __future__ import annotations
 
+import json
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +215,33 @@ def write_analysis(
         f"{markdown_table(frame[columns])}\n"
     )
     return summary
+
+
+@dataclass(frozen=True)
+class WrittenAnalysis:
+    """The files :func:`write_analysis` wrote, read back: what tables across runs are built of."""
+
+    rows: list[dict[str, Any]]  # summary.json's rows (a non-finite score reads as None)
+    positions: pd.DataFrame  # positions.parquet
+    cosine: dict[tuple[str, int], np.ndarray]  # (site, layer) -> T x T, float32
+
+    def variance(self, site: str, layer: int) -> np.ndarray:
+        """Variance against position (1-based, in order) at one site and layer."""
+        frame = self.positions[
+            (self.positions["site"] == site) & (self.positions["layer"] == layer)
+        ]
+        return frame.sort_values("position")["variance"].to_numpy()
+
+
+def read_analysis(folder: Path) -> WrittenAnalysis:
+    """Read the run directory that :func:`write_analysis` wrote into ``folder``."""
+    with np.load(folder / "cosine.npz") as matrices:
+        cosine = {}
+        for key in matrices.files:
+            site, _, layer = key.rpartition("_")
+            cosine[site, int(layer)] = matrices[key]
+    return WrittenAnalysis(
+        rows=json.loads((folder / "summary.json").read_text())["rows"],
+        positions=pd.read_parquet(folder / "positions.parquet"),
+        cosine=cosine,
+    )

@@ -10,7 +10,6 @@ a re-run skips finished cells and runs the others again.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import sys
@@ -24,6 +23,7 @@ import pandas as pd
 from nopelab.errors import UserError
 from nopelab.runtime.device import progress_bar
 from nopelab.runtime.rundir import locked, replace_atomically, staged_run, write_json
+from nopelab.sweep.cluster import start_ray
 from nopelab.sweep.grid import Cell, Grid
 
 GRID_FILE = "grid.json"
@@ -39,8 +39,10 @@ def run_one(cell: Cell, out: Path, threads: int) -> Outcome:
     """One cell, as a Ray task runs it: its folder all-or-nothing, then its results file."""
     import torch
 
+    from nopelab.runtime.allocator import keep_freed_memory
     from nopelab.sweep.cells import run_cell
 
+    keep_freed_memory()  # as the command line does
     torch.set_num_threads(threads)
     failed = out / "failed" / f"{cell.key}.txt"
     try:
@@ -125,15 +127,8 @@ def _run_on_ray(
 ) -> None:  # fmt: skip
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, private cluster
-    os.environ.setdefault("RAY_worker_niceness", "0")  # cells run at the priority a serial run has
     r = grid.resources
-    ray.init(
-        address=address,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    start_ray(address)
     try:
         task = ray.remote(num_cpus=r.cpus_per_cell, num_gpus=r.gpus_per_cell, max_retries=0)(
             run_one

@@ -1,0 +1,25 @@
+"""Start (or join) the Ray cluster that sweeps and reproductions run their tasks on."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+
+def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """``ray.init`` for nopelab's tasks: a private local cluster (of ``num_cpus`` CPUs, default
+    all) unless ``address`` is given."""
+    import ray
+
+    on_sigterm = signal.getsignal(signal.SIGTERM)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, private cluster
+    os.environ.setdefault("RAY_worker_niceness", "0")  # tasks run at the priority a serial run has
+    ray.init(
+        address=address,
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    if on_sigterm is not None:  # Ray's driver aborts on SIGTERM; nopelab stops cleanly (exit 130)
+        signal.signal(signal.SIGTERM, on_sigterm)

@@ -1,0 +1,133 @@
+"""The models of a reproduction as Ray tasks: each job writes ``OUT/runs/NAME``, finished jobs are
+skipped when the reproduction is continued.
+
+A reproduction part is a grid of models (initialisations, encodings, tasks); each model's work is
+a :class:`Job`. :func:`run_jobs` runs the unfinished ones on a local Ray cluster, one CPU and one
+torch thread each (on a CPU, small models train and analyse faster side by side than one after
+another with every thread; the numbers do not depend on how many run at once), or in this
+process, one after another, when there is a single job or the device is a GPU. A job is finished
+when its folder holds :data:`DONE`, written after the job returned; an interrupted job runs
+again (training jobs continue from their last checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nopelab.runtime.device import progress_bar
+from nopelab.runtime.rundir import replace_atomically
+from nopelab.sweep.cluster import start_ray
+
+DONE = "job.json"  # in OUT/runs/NAME when the job has finished
+
+
+@dataclass(frozen=True)
+class Job:
+    """``fn(*args, folder)`` writes the job's files into ``folder`` (``OUT/runs/NAME``); ``fn``
+    is a module-level function, so that a Ray worker can import it."""
+
+    name: str
+    fn: Callable[..., None]
+    args: tuple[Any, ...] = ()
+
+
+def is_done(out: Path, name: str) -> bool:
+    return (out / "runs" / name / DONE).is_file()
+
+
+def run_job(job: Job, out: Path, threads: int | None = None) -> str:
+    """Run ``job`` into ``out/runs/NAME`` and mark it finished; return its name."""
+    import torch
+
+    from nopelab.runtime.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as the command line does
+    if threads is not None:
+        torch.set_num_threads(threads)
+    folder = out / "runs" / job.name
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    job.fn(*job.args, folder)
+    record = {"job": job.name, "seconds": round(time.perf_counter() - start, 3)}
+    replace_atomically(folder / DONE, lambda tmp: tmp.write_text(json.dumps(record) + "\n"))
+    return job.name
+
+
+def default_workers(device: str) -> int:
+    """How many jobs run at once: one single-thread job per core on a CPU, one on a GPU."""
+    from nopelab.runtime.device import resolve_device
+
+    return (os.cpu_count() or 1) if resolve_device(device).type == "cpu" else 1
+
+
+def run_jobs(jobs: Sequence[Job], out: Path, title: str, workers: int) -> None:
+    """Run every unfinished job of ``jobs`` into ``out``: ``workers`` at once as Ray tasks of one
+    thread each, or, with one worker (or one job), here, one after another. The first error or
+    an interrupt stops the others; finished jobs stay finished."""
+    todo = [job for job in jobs if not is_done(out, job.name)]
+    names = [job.name for job in jobs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"job names repeat: {names}")
+    _say(
+        f"{title}: {len(jobs)} models, {len(jobs) - len(todo)} finished before, {len(todo)} to run"
+    )
+    if workers > 1 and len(todo) > 1:
+        _on_ray(todo, out, title, len(jobs), workers)
+        return
+    with progress_bar(transient=False) as bar:
+        shown = bar.add_task(title, total=len(jobs), completed=len(jobs) - len(todo))
+        for job in todo:
+            run_job(job, out)
+            bar.advance(shown)
+            if bar.disable:
+                _say(f"{title}: {job.name} done")
+
+
+def _on_ray(todo: list[Job], out: Path, title: str, total: int, workers: int) -> None:
+    import ray
+
+    start_ray(num_cpus=workers)
+    task = ray.remote(num_cpus=1, max_retries=0)(run_job)
+    pending = {task.remote(job, out, 1): job for job in todo}
+    start, done = time.perf_counter(), total - len(todo)
+    try:
+        with progress_bar(transient=False) as bar:
+            shown = bar.add_task(title, total=total, completed=done)
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    job = pending.pop(ref)
+                    ray.get(ref)  # a job's error is raised here
+                    done += 1
+                    bar.advance(shown)
+                    if bar.disable:
+                        _say(
+                            f"{title}: {job.name} done ({done}/{total}; "
+                            f"{time.perf_counter() - start:.0f} s)"
+                        )
+    except ray.exceptions.RayTaskError as exc:
+        _cancel(pending)
+        raise (exc.cause if isinstance(exc.cause, Exception) else exc) from None
+    except BaseException:
+        _cancel(pending)
+        raise
+    finally:
+        ray.shutdown()
+
+
+def _cancel(pending: dict[Any, Job]) -> None:
+    import ray
+
+    for ref in pending:
+        ray.cancel(ref, force=True)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,53 @@
+"""A reproduction's models as jobs: each runs once, finished ones are skipped, errors surface."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from nopelab.errors import UserError
+from nopelab.sweep.jobs import DONE, Job, run_jobs
+
+
+def test_finished_jobs_are_skipped_and_a_failed_one_runs_again(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def write(text: str, folder: Path) -> None:
+        calls.append(text)
+        if text == "bad":
+            raise UserError("--thing: bad")
+        (folder / "out.txt").write_text(text)
+
+    jobs = [Job("a", write, ("one",)), Job("b", write, ("bad",)), Job("c", write, ("three",))]
+    with pytest.raises(UserError, match="--thing: bad"):
+        run_jobs(jobs, tmp_path, "test", workers=1)
+    assert calls == ["one", "bad"]
+    assert (tmp_path / "runs" / "a" / DONE).is_file()
+    assert not (tmp_path / "runs" / "b" / DONE).exists()
+
+    jobs[1] = Job("b", write, ("two",))
+    run_jobs(jobs, tmp_path, "test", workers=1)
+    assert calls == ["one", "bad", "two", "three"]  # a was not run again
+    texts = [(tmp_path / "runs" / name / "out.txt").read_text() for name in "abc"]
+    assert texts == ["one", "two", "three"]
+    with pytest.raises(ValueError, match="repeat"):
+        run_jobs([Job("a", write), Job("a", write)], tmp_path, "test", workers=1)
+
+
+@pytest.mark.slow
+def test_jobs_on_ray_run_in_other_processes_and_their_error_is_raised_here(tmp_path: Path) -> None:
+    def write_pid(folder: Path) -> None:
+        (folder / "pid.txt").write_text(str(os.getpid()))
+
+    def fail(folder: Path) -> None:
+        raise UserError("--lr: must be > 0")
+
+    run_jobs([Job(name, write_pid) for name in "abcd"], tmp_path, "test", workers=2)
+    pids = {(tmp_path / "runs" / name / "pid.txt").read_text() for name in "abcd"}
+    assert str(os.getpid()) not in pids
+    assert all((tmp_path / "runs" / name / DONE).is_file() for name in "abcd")
+    with pytest.raises(UserError, match="--lr: must be > 0"):
+        run_jobs([Job("e", write_pid), Job("f", fail)], tmp_path, "test", workers=2)
+    assert not (tmp_path / "runs" / "f" / DONE).exists()
