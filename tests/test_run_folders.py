@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from nopelab.runtime.rundir import RUN_MARKER, write_json
+from nopelab.runtime.rundir import RUN_MARKER, locked, write_json
 from nopelab.training import checkpoint
 
 TINY = ["--layers", "1", "--heads", "2", "--d-model", "16", "--seq-len", "8", "--samples", "4",
@@ -285,3 +285,13 @@ def test_run_files_are_strict_json(tmp_path: Path) -> None:
     assert json.loads(text) == {"speed": None, "rows": [None, 1.5, [2, None]], "ids": [0, 1]}
     with pytest.raises(TypeError, match="set"):
         write_json(tmp_path / "b.json", {"x": {1}})
+
+
+def test_a_lock_creates_missing_parents_and_removes_them_when_left_empty(tmp_path: Path) -> None:
+    with locked(tmp_path / "a" / "b" / "out"):
+        assert (tmp_path / "a" / "b" / ".out.lock").is_file()
+    assert not (tmp_path / "a").exists()  # nothing was written: no folder is left
+    with locked(tmp_path / "a" / "b" / "out"):
+        (tmp_path / "a" / "b" / "out").mkdir()
+    assert (tmp_path / "a" / "b" / "out").is_dir()
+    assert not (tmp_path / "a" / "b" / ".out.lock").exists()

@@ -133,21 +133,27 @@ _held: set[Path] = set()  # the lock files this process holds (a lock is re-entr
 
 @contextmanager
 def locked(out: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``out`` (a lock file beside it) or refuse in one line."""
+    """Hold an exclusive lock on ``out`` (a lock file beside it) or refuse in one line.
+
+    Missing parents of ``out`` are created for the lock file, and removed again if they are
+    still empty when the lock is released."""
     target = out.expanduser().resolve()
     lock = target.parent / f".{target.name}.lock"
     if lock in _held:
         yield
         return
+    created = _make_parents(target.parent)
     while True:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
         except OSError as exc:
+            remove_empty(created)
             raise UserError(f"--out: cannot create {lock}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
+            remove_empty(created)
             raise UserError(
                 f"--out: another nopelab process is writing {out}; wait for it or choose "
                 "another folder"
@@ -166,6 +172,7 @@ def locked(out: Path) -> Iterator[None]:
         _held.discard(lock)
         lock.unlink(missing_ok=True)
         os.close(fd)
+        remove_empty(created)
 
 
 def missing_folders(folder: Path) -> list[Path]:
