@@ -81,19 +81,18 @@ def test_zuo2025_trained_smoke_interrupted_and_resumed(
     """SIGINT once two models are finished; --resume runs only the others."""
     out = tmp_path / "zuo-trained"
     argv = ["reproduce", "zuo2025", "--part", "trained", "--scale", "smoke", "--device", "cpu"]
-    first = subprocess.Popen(
-        [sys.executable, "-m", "nopelab", *argv, "--out", str(out)],
-        cwd=tmp_path,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 300
-    while len(list(out.glob(f"runs/*/{DONE}"))) < 2 and time.monotonic() < deadline:
-        assert first.poll() is None, first.stderr.read()
-        time.sleep(0.2)
-    first.send_signal(signal.SIGINT)
-    assert first.wait(timeout=120) == 130
-    assert "finished models are kept" in first.stderr.read()
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as stderr:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "nopelab", *argv, "--out", str(out)], cwd=tmp_path, stderr=stderr
+        )
+        deadline = time.monotonic() + 300
+        while len(list(out.glob(f"runs/*/{DONE}"))) < 2 and time.monotonic() < deadline:
+            assert first.poll() is None, log.read_text()
+            time.sleep(0.2)
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=120) == 130
+    assert "finished models are kept" in log.read_text()
     assert (out / "reproduction.json").is_file() and not (out / "summary.md").exists()
     kept = {p: p.stat().st_mtime_ns for p in out.glob(f"runs/*/{DONE}")}
     assert 2 <= len(kept) < 12

@@ -48,6 +48,8 @@ def test_jobs_on_ray_run_in_other_processes_and_their_error_is_raised_here(tmp_p
     pids = {(tmp_path / "runs" / name / "pid.txt").read_text() for name in "abcd"}
     assert str(os.getpid()) not in pids
     assert all((tmp_path / "runs" / name / DONE).is_file() for name in "abcd")
+    run_jobs([Job("a", write_pid), Job("e", write_pid)], tmp_path, "test", workers=2)
+    assert (tmp_path / "runs" / "e" / "pid.txt").read_text() != str(os.getpid())  # one job left
     with pytest.raises(UserError, match="--lr: must be > 0"):
-        run_jobs([Job("e", write_pid), Job("f", fail)], tmp_path, "test", workers=2)
+        run_jobs([Job("g", write_pid), Job("f", fail)], tmp_path, "test", workers=2)
     assert not (tmp_path / "runs" / "f" / DONE).exists()

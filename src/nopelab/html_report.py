@@ -41,7 +41,7 @@ def kind(folder: Path) -> str:
     if (folder / "grid.json").is_file():
         return "sweep"
     marker = folder / RUN_MARKER
-    command = json.loads(marker.read_text()).get("command") if marker.is_file() else None
+    command = _json(marker).get("command") if marker.is_file() else None
     return "reproduction" if command == "reproduce" else "run"
 
 
@@ -73,7 +73,11 @@ def _summary(folder: Path) -> str:
     path = folder / "summary.md"
     if not path.is_file():
         return f"<h1>{html.escape(folder.name)}</h1>"
-    return MarkdownIt("commonmark", {"html": False}).enable("table").render(path.read_text())
+    return (
+        MarkdownIt("commonmark", {"html": False})
+        .enable("table")
+        .render(path.read_text(encoding="utf-8"))
+    )
 
 
 def _sweep(folder: Path) -> str:
@@ -88,7 +92,7 @@ def _sweep(folder: Path) -> str:
     failed = sorted((folder / "failed").glob("*.txt"))
     if failed:
         items = "".join(
-            f"<li><code>{html.escape(p.stem)}</code>: {html.escape(p.read_text().strip())}</li>"
+            f"<li><code>{html.escape(p.stem)}</code>: {html.escape(p.read_text(encoding='utf-8').strip())}</li>"
             for p in failed
         )
         parts.append(f"<h3>Failed cells</h3><ul>{items}</ul>")
@@ -127,15 +131,13 @@ def _settings(folder: Path) -> str:
     for name in SETTINGS_FILES:
         path = folder / name
         if path.is_file():
-            text = json.dumps(json.loads(path.read_text()), indent=2)
+            text = json.dumps(_json(path), indent=2)
             parts.append(f"<h3>{name}</h3><pre>{html.escape(text)}</pre>")
     ran_with = {}
     if (folder / RUN_MARKER).is_file():
-        ran_with["written by"] = json.loads((folder / RUN_MARKER).read_text())
+        ran_with["written by"] = _json(folder / RUN_MARKER)
     if (folder / "config.json").is_file():
-        ran_with["environment"] = json.loads((folder / "config.json").read_text()).get(
-            "environment"
-        )
+        ran_with["environment"] = _json(folder / "config.json").get("environment")
     ran_with["this page"] = _versions()
     text = json.dumps({k: v for k, v in ran_with.items() if v is not None}, indent=2)
     return (
@@ -153,12 +155,23 @@ def _versions() -> dict[str, Any]:
     return {"nopelab": __version__, "torch": torch.__version__, "python": platform.python_version()}
 
 
+def _json(path: Path) -> dict[str, Any]:
+    """A JSON object that nopelab wrote; anything else is a one-line error."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"DIR: {path} cannot be read as JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"DIR: {path} does not hold a JSON object")
+    return data
+
+
 def check_report(folder: Path, out: Path, force: bool) -> None:
     """Refuse, before any work, a folder that is no nopelab output or an ``out`` that must not be
     written."""
     if not folder.is_dir():
         raise UserError(f"DIR: {folder} is not a folder")
-    if not any((folder / name).is_file() for name in ("summary.md", *SETTINGS_FILES)):
+    if not any((folder / name).is_file() for name in (RUN_MARKER, "grid.json")):
         raise UserError(f"DIR: {folder} holds no nopelab run, reproduction or sweep")
     target, source = out.expanduser().resolve(), folder.expanduser().resolve()
     if source in target.parents:

@@ -21,12 +21,22 @@ def main() -> None:
     """Entry point: user errors become one line on stderr and exit status 2, a failed run 1,
     an interrupt (SIGINT or SIGTERM) 130."""
     keep_freed_memory()
+    _HANDLED.clear()
     # `kill`, `timeout` and job schedulers send SIGTERM: it stops a run as Ctrl-C does
     previous = signal.signal(signal.SIGTERM, _interrupt)
     previous_hook = sys.unraisablehook
     sys.unraisablehook = _redeliver_interrupt
+    _SWALLOWED.clear()
     try:
         _run()
+    except SystemExit as exc:
+        if exc.code == 130 and _SWALLOWED.is_set():
+            # Python remembers an interrupt that C code swallowed as unhandled and would end the
+            # process by SIGINT (status -2) at exit, though nopelab handled it: leave directly
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
         sys.unraisablehook = previous_hook
@@ -36,6 +46,7 @@ def _run() -> None:
     try:
         code = app(standalone_mode=False)  # typer turns Ctrl-C inside a command into 130
         if code == 130:
+            _mark_handled()
             typer.echo(INTERRUPTED, err=True)
         if code:
             sys.exit(code)
@@ -46,6 +57,7 @@ def _run() -> None:
         typer.echo(f"nopelab: error: {exc}", err=True)
         sys.exit(1)
     except typer.Abort:
+        _mark_handled()
         typer.echo("nopelab: aborted", err=True)
         sys.exit(130)
     except typer.Exit as exc:
@@ -60,6 +72,7 @@ def _run() -> None:
             typer.echo(f"nopelab: error: {message}", err=True)
         sys.exit(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt:
+        _mark_handled()
         typer.echo(INTERRUPTED, err=True)
         sys.exit(130)
     except OSError as exc:
@@ -71,6 +84,8 @@ def _run() -> None:
 
 
 INTERRUPTED = "nopelab: interrupted; nothing was written"
+_HANDLED = threading.Event()  # an interrupt was reported: the process is on its way out
+_SWALLOWED = threading.Event()  # an interrupt was raised in code called from C, and lost there
 
 SECTIONS = {"model", "analysis", "train", "task", "corpus", "probe", "intervention"}
 
@@ -120,10 +135,23 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _mark_handled() -> None:
+    """The interrupt is handled: a redelivered one must not interrupt the exit that reports it."""
+    _HANDLED.set()
+
+
+def _redeliver() -> None:
+    if not _HANDLED.is_set():
+        os.kill(os.getpid(), signal.SIGINT)
+
+
 def _redeliver_interrupt(unraisable: Any) -> None:
     """An interrupt raised while C code was calling back into Python (numba compiling a kernel)
     is swallowed there: deliver it again a moment later, back in ordinary Python code."""
     if isinstance(unraisable.exc_value, KeyboardInterrupt):
-        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        _SWALLOWED.set()
+        timer = threading.Timer(0.05, _redeliver)
+        timer.daemon = True  # never keeps an exiting process alive
+        timer.start()
     else:
         sys.__unraisablehook__(unraisable)

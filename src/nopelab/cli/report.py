@@ -28,9 +28,9 @@ def report(
     from nopelab.html_report import check_report, render
     from nopelab.runtime.rundir import replace_atomically
 
-    out = out or folder.parent / f"{folder.resolve().name}.html"
+    out = out or folder.resolve().parent / f"{folder.resolve().name}.html"
     check_report(folder, out, force)
     page = render(folder)
     out.parent.mkdir(parents=True, exist_ok=True)
-    replace_atomically(out, lambda tmp: tmp.write_text(page))
+    replace_atomically(out, lambda tmp: tmp.write_text(page, encoding="utf-8"))
     typer.echo(f"wrote {out}")

@@ -56,7 +56,7 @@ PROBE_SCALES = {  # probe inputs per model and target: sequences of uniformly ra
 class Settings:
     runs: dict[str, TrainRun]  # task -> NoPE training run
     analysis: AnalysisConfig
-    workers: int  # parallel training processes
+    workers: int  # models trained and probed at once (one-thread Ray tasks)
     probes: dict[str, ProbeConfig]  # target -> probe settings
     models: Path | None = None  # a finished `--part trained` run whose NoPE models to reuse
 

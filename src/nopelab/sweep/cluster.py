@@ -15,8 +15,8 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, private cluster
     os.environ.setdefault("RAY_worker_niceness", "0")  # tasks run at the priority a serial run has
     ray.init(
-        address=address,
-        num_cpus=num_cpus,
+        address=address or "local",  # not a cluster that RAY_ADDRESS or `ray start` named
+        num_cpus=num_cpus if address is None else None,
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,

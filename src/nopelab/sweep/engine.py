@@ -37,6 +37,7 @@ class Outcome:
 
 def run_one(cell: Cell, out: Path, threads: int) -> Outcome:
     """One cell, as a Ray task runs it: its folder all-or-nothing, then its results file."""
+    import numba
     import torch
 
     from nopelab.runtime.allocator import keep_freed_memory
@@ -44,6 +45,7 @@ def run_one(cell: Cell, out: Path, threads: int) -> Outcome:
 
     keep_freed_memory()  # as the command line does
     torch.set_num_threads(threads)
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     failed = out / "failed" / f"{cell.key}.txt"
     try:
         with staged_run(out / "cells" / cell.key, force=True, command="sweep-cell") as staging:
@@ -146,7 +148,7 @@ def _run_on_ray(
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 for ref in ready:
                     cell = pending.pop(ref)
-                    outcome: Outcome = ray.get(ref)
+                    outcome = _outcome(ref, cell, out)
                     if outcome.error is None:
                         counts["done"] += 1
                         bar.advance(shown)
@@ -159,12 +161,23 @@ def _run_on_ray(
                             f"{counts['failed']} failed, {len(pending)} to go; "
                             f"{time.perf_counter() - start:.0f} s)"
                         )
-    except BaseException:
-        for ref in list(pending):
-            ray.cancel(ref, force=True)
-        raise
     finally:
-        ray.shutdown()
+        ray.shutdown()  # stops the cells still running (cancelling them races in Ray)
+
+
+def _outcome(ref: Any, cell: Cell, out: Path) -> Outcome:
+    """A finished task's outcome; a task Ray lost (out of memory, a crashed worker) counts as a
+    failed cell."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayError as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        failed = out / "failed" / f"{cell.key}.txt"
+        failed.parent.mkdir(exist_ok=True)
+        replace_atomically(failed, lambda tmp: tmp.write_text(f"Ray: {message}\n"))
+        return Outcome(cell.key, f"Ray: {message}")
 
 
 def _say(line: str) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nopelab.errors import RunFailed, UserError
 from nopelab.runtime.device import progress_bar
 from nopelab.runtime.rundir import replace_atomically
 from nopelab.sweep.cluster import start_ray
@@ -42,15 +43,8 @@ def is_done(out: Path, name: str) -> bool:
     return (out / "runs" / name / DONE).is_file()
 
 
-def run_job(job: Job, out: Path, threads: int | None = None) -> str:
+def run_job(job: Job, out: Path) -> str:
     """Run ``job`` into ``out/runs/NAME`` and mark it finished; return its name."""
-    import torch
-
-    from nopelab.runtime.allocator import keep_freed_memory
-
-    keep_freed_memory()  # as the command line does
-    if threads is not None:
-        torch.set_num_threads(threads)
     folder = out / "runs" / job.name
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -64,7 +58,24 @@ def default_workers(device: str) -> int:
     """How many jobs run at once: one single-thread job per core on a CPU, one on a GPU."""
     from nopelab.runtime.device import resolve_device
 
-    return (os.cpu_count() or 1) if resolve_device(device).type == "cpu" else 1
+    return len(os.sched_getaffinity(0)) if resolve_device(device).type == "cpu" else 1
+
+
+def one_thread() -> None:
+    """Torch and numba on one thread, in a worker that shares the CPU with others."""
+    import numba
+    import torch
+
+    from nopelab.runtime.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as the command line does
+    torch.set_num_threads(1)
+    numba.set_num_threads(1)
+
+
+def _run_job_alone(job: Job, out: Path) -> str:
+    one_thread()
+    return run_job(job, out)
 
 
 def run_jobs(jobs: Sequence[Job], out: Path, title: str, workers: int) -> None:
@@ -78,8 +89,9 @@ def run_jobs(jobs: Sequence[Job], out: Path, title: str, workers: int) -> None:
     _say(
         f"{title}: {len(jobs)} models, {len(jobs) - len(todo)} finished before, {len(todo)} to run"
     )
-    if workers > 1 and len(todo) > 1:
-        _on_ray(todo, out, title, len(jobs), workers)
+    if workers > 1:  # even for one job left: its numbers are those of a one-thread run
+        if todo:
+            _on_ray(todo, out, title, len(jobs), workers)
         return
     with progress_bar(transient=False) as bar:
         shown = bar.add_task(title, total=len(jobs), completed=len(jobs) - len(todo))
@@ -94,8 +106,8 @@ def _on_ray(todo: list[Job], out: Path, title: str, total: int, workers: int) ->
     import ray
 
     start_ray(num_cpus=workers)
-    task = ray.remote(num_cpus=1, max_retries=0)(run_job)
-    pending = {task.remote(job, out, 1): job for job in todo}
+    task = ray.remote(num_cpus=1, max_retries=0)(_run_job_alone)
+    pending = {task.remote(job, out): job for job in todo}
     start, done = time.perf_counter(), total - len(todo)
     try:
         with progress_bar(transient=False) as bar:
@@ -113,20 +125,14 @@ def _on_ray(todo: list[Job], out: Path, title: str, total: int, workers: int) ->
                             f"{time.perf_counter() - start:.0f} s)"
                         )
     except ray.exceptions.RayTaskError as exc:
-        _cancel(pending)
-        raise (exc.cause if isinstance(exc.cause, Exception) else exc) from None
-    except BaseException:
-        _cancel(pending)
-        raise
+        if isinstance(exc.cause, UserError | RunFailed | OSError):
+            raise exc.cause from None  # one line, as if it had happened here
+        raise  # a bug: the worker's traceback
+    except ray.exceptions.RayError as exc:  # out of memory, a crashed worker
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RunFailed(f"{title}: a Ray task failed: {reason}") from None
     finally:
-        ray.shutdown()
-
-
-def _cancel(pending: dict[Any, Job]) -> None:
-    import ray
-
-    for ref in pending:
-        ray.cancel(ref, force=True)
+        ray.shutdown()  # stops the jobs still running (cancelling them races in Ray)
 
 
 def _say(line: str) -> None:
