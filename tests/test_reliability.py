@@ -68,6 +68,18 @@ BAD_INPUT = {
         ("--task copy --seq-len 1000000", "--batch-size, --seq-len or --layers: training"),
         ("--task reverse --seq-len 8", "--seq-len: must hold a whole line"),
         ("--corpus no/such/file.txt", "--corpus: no such file or folder"),
+        ("--task copy --init-from no/such/run", "--init-from: "),
+        ("--task copy --init-from RUN", "the model settings must be the same"),
+        (
+            "--task copy --layers 2 --heads 2 --d-model 16 --max-seq-len 32 --init-from RUN "
+            "--out RUN --force",
+            "--init-from: ",
+        ),
+        (
+            "--task copy --layers 2 --heads 2 --d-model 16 --max-seq-len 32 --init-from RUN "
+            "--out RUN/inside",
+            "overlap; a run's input is never its output",
+        ),
         ("--corpus default --tokenizer word", "--tokenizer: unknown value 'word'"),
         ("--corpus default --tokenizer bpe --bpe-vocab 100", "--bpe-vocab: must be in 257.."),
         ("--task copy --resume --force --out o", "--resume and --force"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -24,6 +25,7 @@ from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
 from nopelab.errors import UserError
 from nopelab.models.transformer import Transformer
 from nopelab.training.checkpoint import (
+    MODEL_FILE,
     CheckpointError,
     load_checkpoint,
     save_checkpoint,
@@ -35,6 +37,7 @@ from nopelab.training.train import (
     learning_rate,
     load_trained,
     make_optimizer,
+    read_run,
     train,
 )
 
@@ -665,3 +668,25 @@ def test_bpe_is_cached_next_to_a_local_corpus(tmp_path: Path) -> None:
     cached = list((tmp_path / "data" / ".nopelab" / "tokenizers").glob("bpe-300-*.json"))
     assert len(cached) == 1
     assert cached[0].read_text() == (tmp_path / "run" / "tokenizer.json").read_text()
+
+
+def test_init_from_starts_from_the_weights_of_another_run(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    """A run started from ``finished_run`` holds its weights (a 1e-12 learning rate moves them
+    by ~1e-12); the same run from a random init does not; the source is recorded."""
+    source = read_run(finished_run)
+    tiny_lr = TrainConfig(steps=1, batch_size=4, seq_len=24, lr=1e-12, eval_every=1, device="cpu")
+    theirs = load_file(str(finished_run / MODEL_FILE))
+    for init_from, expect_same in ((str(finished_run), True), (None, False)):
+        run = TrainRun(
+            model=source.model,
+            train=dataclasses.replace(tiny_lr, init_from=init_from),
+            task=source.task,
+        )
+        out = tmp_path / f"from-{init_from is not None}"
+        train(run, out, progress=False)
+        ours = load_file(str(out / MODEL_FILE))
+        same = all(torch.allclose(ours[k], theirs[k], atol=1e-9, rtol=0) for k in theirs)
+        assert same == expect_same
+        assert read_run(out).train.init_from == init_from  # config.json says where it started

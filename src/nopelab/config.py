@@ -400,6 +400,12 @@ class TrainConfig:
     precision: Precision = setting("auto", "auto: bfloat16 autocast on CUDA, float32 elsewhere")
     device: str = setting("auto", "auto, cpu, cuda[:N] or mps")
     seed: int = setting(0, "Seed for data, weights and dropout")
+    init_from: str | None = setting(
+        None,
+        "Start from the weights of this training run's folder (same model settings; a fresh "
+        "optimiser and schedule): fine-tuning, or a curriculum over task lengths",
+        shown="random init",
+    )
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -55,7 +55,13 @@ from nopelab.runtime.rundir import (
     staged_run,
     write_json,
 )
-from nopelab.training.checkpoint import STATE_FILE, load_checkpoint, read_state, save_checkpoint
+from nopelab.training.checkpoint import (
+    STATE_FILE,
+    CheckpointError,
+    load_checkpoint,
+    read_state,
+    save_checkpoint,
+)
 from nopelab.training.sources import IGNORE, Source, TaskSource, TextSource, load_tokenizer
 from nopelab.training.tasks import TaskConfig
 
@@ -330,6 +336,8 @@ def train(
     device = _setup_processes(run.train.device)
     main_process = rank() == 0
     resume = prepare_out(out, resume, force)
+    if not resume and run.train.init_from is not None:
+        check_init_from(run, out)
     created = missing_folders(out.parent) if main_process else []
     placed = False  # whether this run's folder is in place (so a failure removes it)
     try:
@@ -365,6 +373,31 @@ def train(
             shutil.rmtree(out, ignore_errors=True)
         remove_empty(created)
         raise
+
+
+def check_init_from(run: TrainRun, out: Path) -> None:
+    """``init_from`` must be another run's folder with a checkpoint of this very model."""
+    source, out = Path(run.train.init_from).expanduser().resolve(), out.resolve()
+    if source == out or out in source.parents or source in out.parents:
+        raise UserError(
+            f"--init-from: {source} and --out {out} overlap; a run's input is never its output"
+        )
+    if not (source / CONFIG_FILE).is_file() or not (source / STATE_FILE).is_file():
+        raise UserError(f"--init-from: {source} holds no training run with a checkpoint")
+    try:
+        theirs = read_run(source).model
+    except UserError as exc:
+        raise UserError(f"--init-from: {exc}") from None
+    if theirs != run.model:
+        field_ = next(
+            f.name
+            for f in dataclasses.fields(theirs)
+            if getattr(theirs, f.name) != getattr(run.model, f.name)
+        )
+        raise UserError(
+            f"--init-from: {source} has model.{field_}={getattr(theirs, field_)!r}, this run "
+            f"{getattr(run.model, field_)!r}; the model settings must be the same"
+        )
 
 
 def _check_state(out: Path, steps: int) -> None:
@@ -409,6 +442,11 @@ def _train(
     model = Transformer(run.model).to(device)
     optimizer = make_optimizer(model, cfg, device)
     state = load_checkpoint(out, model, optimizer) if resume else {"step": 0, "train_seconds": 0.0}
+    if not resume and cfg.init_from is not None:  # fine-tuning: the weights of another run
+        try:
+            load_checkpoint(Path(cfg.init_from).expanduser(), model)
+        except CheckpointError as exc:
+            raise UserError(f"--init-from: {exc}") from None
     start = state["step"]
     train_model = model
     if world_size() > 1:
