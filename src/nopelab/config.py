@@ -22,7 +22,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from nopelab.errors import ConfigError
+from nopelab.errors import ConfigError, first_line
 
 PosEncoding = Literal["none", "learned", "sinusoidal", "rope", "alibi"]
 Init = Literal[
@@ -364,7 +364,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         else:
             data = json.loads(text)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        detail = first_line(exc)
         raise ConfigError("--config", f"{path}: not valid {kind}: {detail}") from None
     if not isinstance(data, dict):
         raise ConfigError(

@@ -19,3 +19,9 @@ class ConfigError(UserError):
 class RunFailed(Exception):
     """A run that started but could not finish (a diverged loss, non-finite activations).
     The CLI prints it on one line and exits with status 1."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

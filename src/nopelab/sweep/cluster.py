@@ -23,3 +23,15 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     )
     if on_sigterm is not None:  # Ray's driver aborts on SIGTERM; nopelab stops cleanly (exit 130)
         signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def worker_threads(threads: int) -> None:
+    """Torch and numba on ``threads`` threads in a task's worker, memory kept as the CLI does."""
+    import numba
+    import torch
+
+    from nopelab.runtime.allocator import keep_freed_memory
+
+    keep_freed_memory()
+    torch.set_num_threads(threads)
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))

@@ -20,10 +20,10 @@ from typing import Any
 
 import pandas as pd
 
-from nopelab.errors import UserError
+from nopelab.errors import UserError, first_line
 from nopelab.runtime.device import progress_bar
 from nopelab.runtime.rundir import locked, replace_atomically, staged_run, write_json
-from nopelab.sweep.cluster import start_ray
+from nopelab.sweep.cluster import start_ray, worker_threads
 from nopelab.sweep.grid import Cell, Grid
 
 GRID_FILE = "grid.json"
@@ -37,22 +37,16 @@ class Outcome:
 
 def run_one(cell: Cell, out: Path, threads: int) -> Outcome:
     """One cell, as a Ray task runs it: its folder all-or-nothing, then its results file."""
-    import numba
-    import torch
-
-    from nopelab.runtime.allocator import keep_freed_memory
     from nopelab.sweep.cells import run_cell
 
-    keep_freed_memory()  # as the command line does
-    torch.set_num_threads(threads)
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    worker_threads(threads)
     failed = out / "failed" / f"{cell.key}.txt"
     try:
         with staged_run(out / "cells" / cell.key, force=True, command="sweep-cell") as staging:
             write_json(staging / "cell.json", {"command": cell.command, **cell.settings})
             rows = run_cell(cell, staging)
     except Exception as exc:  # a failing cell is recorded; the others go on
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = first_line(exc)
         failed.parent.mkdir(exist_ok=True)
         replace_atomically(failed, lambda tmp: tmp.write_text(message + "\n"))
         return Outcome(cell.key, message)
@@ -173,7 +167,7 @@ def _outcome(ref: Any, cell: Cell, out: Path) -> Outcome:
     try:
         return ray.get(ref)
     except ray.exceptions.RayError as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = first_line(exc)
         failed = out / "failed" / f"{cell.key}.txt"
         failed.parent.mkdir(exist_ok=True)
         replace_atomically(failed, lambda tmp: tmp.write_text(f"Ray: {message}\n"))

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nopelab.errors import RunFailed, UserError
+from nopelab.errors import RunFailed, UserError, first_line
 from nopelab.runtime.device import progress_bar
 from nopelab.runtime.rundir import replace_atomically
-from nopelab.sweep.cluster import start_ray
+from nopelab.sweep.cluster import start_ray, worker_threads
 
 DONE = "job.json"  # in OUT/runs/NAME when the job has finished
 
@@ -61,20 +61,8 @@ def default_workers(device: str) -> int:
     return len(os.sched_getaffinity(0)) if resolve_device(device).type == "cpu" else 1
 
 
-def one_thread() -> None:
-    """Torch and numba on one thread, in a worker that shares the CPU with others."""
-    import numba
-    import torch
-
-    from nopelab.runtime.allocator import keep_freed_memory
-
-    keep_freed_memory()  # as the command line does
-    torch.set_num_threads(1)
-    numba.set_num_threads(1)
-
-
 def _run_job_alone(job: Job, out: Path) -> str:
-    one_thread()
+    worker_threads(1)
     return run_job(job, out)
 
 
@@ -129,7 +117,7 @@ def _on_ray(todo: list[Job], out: Path, title: str, total: int, workers: int) ->
             raise exc.cause from None  # one line, as if it had happened here
         raise  # a bug: the worker's traceback
     except ray.exceptions.RayError as exc:  # out of memory, a crashed worker
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = first_line(exc)
         raise RunFailed(f"{title}: a Ray task failed: {reason}") from None
     finally:
         ray.shutdown()  # stops the jobs still running (cancelling them races in Ray)

@@ -21,7 +21,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from nopelab.errors import UserError
+from nopelab.errors import UserError, first_line
 from nopelab.runtime.rundir import replaced_together
 
 MODEL_FILE = "model.safetensors"
@@ -63,7 +63,7 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        detail = first_line(exc)
         raise CheckpointError(f"checkpoint: {path} is damaged or truncated ({detail})") from None
 
 

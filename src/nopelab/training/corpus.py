@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nopelab.errors import ConfigError
+from nopelab.errors import ConfigError, first_line
 
 FIELD = "--corpus"
 SPLITS = ("train", "val")
@@ -131,7 +131,7 @@ def _load_hf(source: str, column: str) -> str:
     try:
         dataset = datasets.load_dataset(name, split=split or "train")
     except Exception as e:  # offline, unknown name or split: datasets raises many kinds
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        message = first_line(e)
         raise ConfigError(
             FIELD, f"cannot load {source} from the Hugging Face hub (offline?): {message}"
         ) from None
