@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -22,6 +24,11 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("mps") and not torch.backends.mps.is_available():
         raise ConfigError("device", f"{name!r} requested but MPS is not available; use cpu or auto")
     return torch.device(name)
+
+
+def say(line: str) -> None:
+    """One progress line on stderr, where no progress bar is shown (stderr is not a terminal)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def progress_bar(transient: bool = True) -> Progress:

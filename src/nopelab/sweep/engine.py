@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from nopelab.errors import UserError, first_line
-from nopelab.runtime.device import progress_bar
+from nopelab.runtime.device import progress_bar, say
 from nopelab.runtime.rundir import locked, replace_atomically, staged_run, write_json
 from nopelab.sweep.cluster import start_ray, worker_threads
 from nopelab.sweep.grid import Cell, Grid
@@ -111,7 +110,7 @@ def run_sweep(grid: Grid, out: Path, address: str | None = None) -> dict[str, in
         done_before = finished(out)
         todo = [cell for cell in cells if cell.key not in done_before]
         counts = {"done": len(cells) - len(todo), "failed": 0, "skipped": len(cells) - len(todo)}
-        _say(f"sweep: {len(cells)} cells, {counts['skipped']} finished before, {len(todo)} to run")
+        say(f"sweep: {len(cells)} cells, {counts['skipped']} finished before, {len(todo)} to run")
         if todo:
             _run_on_ray(grid, todo, out, address, counts, len(cells))
     return counts
@@ -150,7 +149,7 @@ def _run_on_ray(
                         counts["failed"] += 1
                     if bar.disable:  # no terminal: a line per cell
                         what = "done" if outcome.error is None else f"failed: {outcome.error}"
-                        _say(
+                        say(
                             f"cell {cell.key} {what} ({counts['done']}/{total} done, "
                             f"{counts['failed']} failed, {len(pending)} to go; "
                             f"{time.perf_counter() - start:.0f} s)"
@@ -172,7 +171,3 @@ def _outcome(ref: Any, cell: Cell, out: Path) -> Outcome:
         failed.parent.mkdir(exist_ok=True)
         replace_atomically(failed, lambda tmp: tmp.write_text(f"Ray: {message}\n"))
         return Outcome(cell.key, f"Ray: {message}")
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)

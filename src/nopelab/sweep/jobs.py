@@ -4,8 +4,8 @@ skipped when the reproduction is continued.
 A reproduction part is a grid of models (initialisations, encodings, tasks); each model's work is
 a :class:`Job`. :func:`run_jobs` runs the unfinished ones on a local Ray cluster, one CPU and one
 torch thread each (on a CPU, small models train and analyse faster side by side than one after
-another with every thread; the numbers do not depend on how many run at once), or in this
-process, one after another, when there is a single job or the device is a GPU. A job is finished
+another with every thread; the numbers do not depend on how many run at once), or, with one
+worker (a one-core machine, or a GPU), in this process, one after another. A job is finished
 when its folder holds :data:`DONE`, written after the job returned; an interrupted job runs
 again (training jobs continue from their last checkpoint).
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nopelab.errors import RunFailed, UserError, first_line
-from nopelab.runtime.device import progress_bar
+from nopelab.runtime.device import progress_bar, say
 from nopelab.runtime.rundir import replace_atomically
 from nopelab.sweep.cluster import start_ray, worker_threads
 
@@ -68,15 +67,14 @@ def _run_job_alone(job: Job, out: Path) -> str:
 
 def run_jobs(jobs: Sequence[Job], out: Path, title: str, workers: int) -> None:
     """Run every unfinished job of ``jobs`` into ``out``: ``workers`` at once as Ray tasks of one
-    thread each, or, with one worker (or one job), here, one after another. The first error or
-    an interrupt stops the others; finished jobs stay finished."""
+        thread each (even a single job, so its numbers are a one-thread run's), or, with one worker,
+    here, one after another. The first error or
+        an interrupt stops the others; finished jobs stay finished."""
     todo = [job for job in jobs if not is_done(out, job.name)]
     names = [job.name for job in jobs]
     if len(set(names)) != len(names):
         raise ValueError(f"job names repeat: {names}")
-    _say(
-        f"{title}: {len(jobs)} models, {len(jobs) - len(todo)} finished before, {len(todo)} to run"
-    )
+    say(f"{title}: {len(jobs)} models, {len(jobs) - len(todo)} finished before, {len(todo)} to run")
     if workers > 1:  # even for one job left: its numbers are those of a one-thread run
         if todo:
             _on_ray(todo, out, title, len(jobs), workers)
@@ -87,7 +85,7 @@ def run_jobs(jobs: Sequence[Job], out: Path, title: str, workers: int) -> None:
             run_job(job, out)
             bar.advance(shown)
             if bar.disable:
-                _say(f"{title}: {job.name} done")
+                say(f"{title}: {job.name} done")
 
 
 def _on_ray(todo: list[Job], out: Path, title: str, total: int, workers: int) -> None:
@@ -108,7 +106,7 @@ def _on_ray(todo: list[Job], out: Path, title: str, total: int, workers: int) ->
                     done += 1
                     bar.advance(shown)
                     if bar.disable:
-                        _say(
+                        say(
                             f"{title}: {job.name} done ({done}/{total}; "
                             f"{time.perf_counter() - start:.0f} s)"
                         )
@@ -121,7 +119,3 @@ def _on_ray(todo: list[Job], out: Path, title: str, total: int, workers: int) ->
         raise RunFailed(f"{title}: a Ray task failed: {reason}") from None
     finally:
         ray.shutdown()  # stops the jobs still running (cancelling them races in Ray)
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
