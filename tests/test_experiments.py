@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -12,13 +13,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from nopelab.cli import main
 from nopelab.config import ModelConfig, RunConfig, TrainConfig
 from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS, chi2023_pretrained
 from nopelab.experiments import trained as trained_module
-from nopelab.experiments.trained import train_into
+from nopelab.experiments.trained import stage_folder, train_into
 from nopelab.models.transformer import Transformer
 from nopelab.runtime.rundir import write_marker
 from nopelab.sweep.jobs import DONE
@@ -150,6 +152,16 @@ def test_zuo2025_trained_smoke_interrupted_and_resumed(
     run = out / "runs" / "add-rope"
     for name in ("model.safetensors", "summary.json", "analysis-init/positions.parquet"):
         assert (run / name).exists()
+    # wherex goes through a curriculum (as 9-digit wherex at medium): 2-digit lines first
+    for pe in ("none", "learned", "rope"):
+        stage = out / "runs" / f"wherex-{pe}-stage1"
+        assert json.loads((stage / "config.json").read_text())["task"]["max_len"] == 2
+        config = json.loads((out / "runs" / f"wherex-{pe}" / "config.json").read_text())
+        assert config["train"]["init_from"] == str(stage.absolute())
+    staged = accuracy.set_index(["task", "pos_encoding"])["curriculum"]
+    assert staged["wherex"].str.startswith("max_len 2, 10 steps: ").all()
+    assert (staged.drop(index="wherex", level="task") == "").all()
+    assert "Trained through a curriculum" in text
 
 
 @pytest.mark.slow
@@ -345,3 +357,33 @@ def test_train_into_continues_a_stopped_run_and_reads_a_finished_one(
     assert (early / "config.json").read_text() == "{}"
     write_marker(early, "nopelab train")
     assert train_into(run, early)["steps"] == 6
+
+
+def test_train_into_runs_a_curriculum_stage_by_stage(tmp_path: Path) -> None:
+    """Each stage starts from the one before, as `nopelab train --init-from` would, and a
+    finished curriculum is read back, not retrained."""
+    final = tiny_task_run()
+    first_task = dataclasses.replace(final.task, max_len=1, train_size=60, test_size=8)
+    first = dataclasses.replace(final, task=first_task)
+    folder = tmp_path / "runs" / "wherex-none"
+    summary = train_into(final, folder, stages=(first,))
+    stage = stage_folder(folder, 1)
+    assert json.loads((stage / "config.json").read_text())["task"]["max_len"] == 1
+    assert json.loads((folder / "config.json").read_text())["train"]["init_from"] == str(
+        stage.absolute()
+    )
+
+    by_hand = tmp_path / "by-hand"
+    train(first, by_hand / "first", progress=False)
+    init_from = dataclasses.replace(final.train, init_from=str(by_hand / "first"))
+    train(dataclasses.replace(final, train=init_from), by_hand / "final", progress=False)
+    scratch = tmp_path / "scratch"
+    train(final, scratch, progress=False)
+    weights = {f: load_file(f / "model.safetensors") for f in (folder, by_hand / "final", scratch)}
+    for name, tensor in weights[folder].items():
+        assert torch.equal(tensor, weights[by_hand / "final"][name])
+    assert any(not torch.equal(t, weights[scratch][n]) for n, t in weights[folder].items())
+
+    written = {p: p.stat().st_mtime_ns for p in (stage / "summary.json", folder / "summary.json")}
+    assert train_into(final, folder, stages=(first,)) == summary
+    assert {p: p.stat().st_mtime_ns for p in written} == written

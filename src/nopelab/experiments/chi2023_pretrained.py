@@ -102,7 +102,7 @@ def _loglog_slope(variance: np.ndarray) -> float:
 
 def run(settings: Settings, out: Path) -> None:
     jobs = [
-        Job(f"lm-{pe}", train_and_analyze, (train_run, settings.analysis))
+        Job(f"lm-{pe}", train_and_analyze, (train_run, settings.analysis, ()))
         for pe, train_run in settings.runs.items()
     ]
     run_jobs(jobs, out, "chi2023 language models", settings.workers)

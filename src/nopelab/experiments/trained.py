@@ -3,7 +3,8 @@
 :func:`lm_runs` builds the byte-level language models on the embedded corpus that the
 pretrained-LM parts compare (one per positional encoding, otherwise identical);
 :func:`train_into` trains one run into its folder (continuing an interrupted one, and reading a
-finished one's summary instead of training again); :func:`analyze_trained` analyses a trained
+finished one's summary instead of training again), after the earlier stages of a curriculum
+when it has one; :func:`analyze_trained` analyses a trained
 run's initial and trained weights on the same held-out data; :func:`train_and_analyze` is both,
 as one job of :func:`~nopelab.sweep.jobs.run_jobs`, and :func:`read_trained` reads its files
 back.
@@ -11,8 +12,10 @@ back.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,12 +70,35 @@ def perplexity_row(summary: dict[str, Any], **labels: Any) -> dict[str, Any]:
     }
 
 
-def train_into(run: TrainRun, folder: Path) -> dict[str, Any]:
+def train_into(run: TrainRun, folder: Path, stages: Sequence[TrainRun] = ()) -> dict[str, Any]:
     """Train ``run`` into ``folder``; return the training summary.
 
     A folder that already holds the finished run is read, not retrained; one with a checkpoint
-    continues from it (a resumed run retraces the uninterrupted one exactly).
+    continues from it (a resumed run retraces the uninterrupted one exactly). ``stages`` are the
+    earlier stages of a curriculum (the same model on easier data): each trains into
+    :func:`stage_folder` and starts from the weights of the one before, ``run`` from the last.
     """
+    previous = None
+    for number, stage in enumerate(stages, 1):
+        _train_one(starting_from(stage, previous), stage_folder(folder, number))
+        previous = stage_folder(folder, number)
+    return _train_one(starting_from(run, previous), folder)
+
+
+def stage_folder(folder: Path, number: int) -> Path:
+    """Where stage ``number`` (from 1) of the curriculum of the run in ``folder`` trains."""
+    return folder.with_name(f"{folder.name}-stage{number}")
+
+
+def starting_from(run: TrainRun, folder: Path | None) -> TrainRun:
+    """``run`` starting from the weights of the run in ``folder`` (``None``: from its init)."""
+    if folder is None:
+        return run
+    init_from = str(folder.absolute())
+    return dataclasses.replace(run, train=dataclasses.replace(run.train, init_from=init_from))
+
+
+def _train_one(run: TrainRun, folder: Path) -> dict[str, Any]:
     if (folder / "summary.json").is_file():
         return json.loads((folder / "summary.json").read_text())
     resume = (folder / STATE_FILE).is_file()
@@ -99,9 +125,12 @@ class Trained:
         ]
 
 
-def train_and_analyze(run: TrainRun, analysis: AnalysisConfig, folder: Path) -> None:
-    """Train ``run`` into ``folder``, then :func:`analyze_trained` it (a job)."""
-    train_into(run, folder)
+def train_and_analyze(
+    run: TrainRun, analysis: AnalysisConfig, stages: Sequence[TrainRun], folder: Path
+) -> None:
+    """Train ``run`` into ``folder`` (after its curriculum's ``stages``), then
+    :func:`analyze_trained` it (a job)."""
+    train_into(run, folder, stages)
     analyze_trained(run, folder, analysis)
 
 
@@ -113,7 +142,7 @@ def analyze_trained(run: TrainRun, folder: Path, analysis: AnalysisConfig) -> No
     for state in ("init", "trained"):
         start = time.perf_counter()
         model = (
-            build_model(run.model, run.train.seed)  # the weights training started from
+            build_model(run.model, run.train.seed)  # where training (its first stage) started
             if state == "init"
             else load_trained(folder)[1]
         )

@@ -55,6 +55,7 @@ PROBE_SCALES = {  # probe inputs per model and target: sequences of uniformly ra
 @dataclass(frozen=True)
 class Settings:
     runs: dict[str, TrainRun]  # task -> NoPE training run
+    stages: dict[str, tuple[TrainRun, ...]]  # task -> its curriculum's earlier stages
     analysis: AnalysisConfig
     workers: int  # models trained and probed at once (one-thread Ray tasks)
     probes: dict[str, ProbeConfig]  # target -> probe settings
@@ -72,7 +73,11 @@ def reuse_models(settings: Settings, models: Path) -> Settings:
                 f"--models: {folder} holds no finished model; give the folder of a finished "
                 "`nopelab reproduce zuo2025 --part trained` run"
             )
-        if read_run(folder) != run:
+        stored = read_run(folder)  # init_from names where its curriculum's last stage trained
+        stored = dataclasses.replace(
+            stored, train=dataclasses.replace(stored.train, init_from=None)
+        )
+        if stored != run:
             raise UserError(
                 f"--models: {folder} was trained with other settings; use a `--part trained` "
                 "run of the same --scale, --seed and --device"
@@ -84,6 +89,7 @@ def settings(scale: str, seed: int, device: str) -> Settings:
     trained = zuo2025_trained.settings(scale, seed, device)
     resolve_device(device)
     runs = {task: run for (task, pe), run in trained.runs.items() if pe == "none"}
+    stages = {task: trained.stages[task, "none"] for task in runs}
     p = PROBE_SCALES[scale]
     analysis = AnalysisConfig(
         seq_len=SEQ_LEN,
@@ -107,7 +113,7 @@ def settings(scale: str, seed: int, device: str) -> Settings:
         )
         for target in TARGETS
     }
-    return Settings(runs, analysis, trained.workers, probes)
+    return Settings(runs, stages, analysis, trained.workers, probes)
 
 
 def restrict_vocab(model: Transformer, ids: list[int]) -> Transformer:
@@ -264,7 +270,7 @@ def train_and_probe(task: str, run: TrainRun, settings: Settings, folder: Path) 
     """Train one task's NoPE model into ``folder`` (or take it from ``settings.models``), then
     probe it (``probes.json``). A job."""
     if settings.models is None:
-        train_into(run, folder)
+        train_into(run, folder, settings.stages[task])
     model = load_trained(_model_folder(settings, folder))[1]
     write_json(folder / "probes.json", {"rows": _probe(model, settings, task, "trained")})
 

@@ -14,7 +14,9 @@ task lengths with the CPU recipe; ``small`` shortens the instances (in the same 
 that the whole part fits in 45 minutes on two cores; ``smoke`` checks the plumbing. The CPU
 recipe trains one left-padded line per row with the loss on every character of the line (Zuo
 et al.'s objective; on the answers alone NoPE learns 3-digit addition far more slowly): see the
-recipe search in docs/zuo2025.md.
+recipe search in docs/zuo2025.md. Where NoPE does not learn a task's full length from scratch
+(9-digit ``wherex``), ``medium`` trains it through a curriculum: first on shorter instances, then
+on the full length from those weights; every encoding goes through the same curriculum.
 
 Models train and are analysed as Ray tasks of one thread each (one per core on a CPU); a run
 directory that already holds finished models is continued, not retrained.
@@ -22,7 +24,8 @@ directory that already holds finished models is continued, not retrained.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,7 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, TrainConfig
-from nopelab.experiments.trained import read_trained, train_and_analyze
+from nopelab.experiments.trained import read_trained, stage_folder, train_and_analyze
 from nopelab.measure.report import markdown_table
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
@@ -42,6 +45,15 @@ TASKS = ("add", "reverse", "order", "wherex")
 POS_ENCODINGS = ("none", "learned", "rope")
 SITES = ("attn_heads", "attn_out", "resid_post")
 ZUO_LENGTHS = {"add": 3, "reverse": 16, "order": 5, "wherex": 9}  # max_len of Zuo's data
+
+
+@dataclass(frozen=True)
+class Stage:
+    """An earlier stage of a curriculum: the same model trained on shorter instances."""
+
+    max_len: int
+    steps: int
+    train_size: int
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,7 @@ class Scale:
     loss_mode: str = "all"
     samples: int = 256  # analysed prompts per model
     workers: int | None = None  # models at once (None: one single-thread job per CPU core)
+    curriculum: dict[str, tuple[Stage, ...]] = field(default_factory=dict)  # task -> stages
 
 
 CPU_RECIPE = dict(batch_size=128, lr=1e-3, warmup=100)
@@ -70,6 +83,7 @@ SCALES = {
         train_size={"add": 60, "reverse": 300, "order": 300, "wherex": 300},
         test_size=32,
         samples=16,
+        curriculum={"wherex": (Stage(max_len=2, steps=10, train_size=100),)},
     ),
     "small": Scale(  # shorter instances in Zuo's formats; the whole part fits in 45 min
         lengths={"add": 2, "reverse": 5, "order": 3, "wherex": 4},
@@ -79,13 +93,19 @@ SCALES = {
         train_size={"add": 4000, "reverse": 10_000, "order": 3000, "wherex": 10_000},
         test_size=500,
     ),
-    "medium": Scale(  # Zuo's task lengths with the CPU recipe (about 3 hours here)
+    "medium": Scale(  # Zuo's task lengths with the CPU recipe; wherex after 4 and 6 digits
         lengths=ZUO_LENGTHS,
-        steps={"add": 8000, "reverse": 4000, "order": 4000, "wherex": 6000},
+        steps={"add": 8000, "reverse": 4000, "order": 4000, "wherex": 4000},
         model=dict(d_model=128, n_layers=4, n_heads=4),
         train=CPU_RECIPE,
-        train_size=dict.fromkeys(TASKS, 10_000),
+        train_size={"add": 10_000, "reverse": 10_000, "order": 10_000, "wherex": 100_000},
         test_size=1000,
+        curriculum={
+            "wherex": (
+                Stage(max_len=4, steps=3000, train_size=10_000),
+                Stage(max_len=6, steps=2000, train_size=10_000),
+            )
+        },
     ),
     "paper": Scale(  # Zuo's add3 recipe: 6 x 6 x 384, context 256, batch 256, 5000 iterations
         lengths=ZUO_LENGTHS,
@@ -105,6 +125,7 @@ SCALES = {
 class Settings:
     scale: Scale
     runs: dict[tuple[str, str], TrainRun]  # (task, pos_encoding) -> run
+    stages: dict[tuple[str, str], tuple[TrainRun, ...]]  # its curriculum's earlier stages
     analyses: dict[str, AnalysisConfig]  # task -> Zuo's protocol at that task's prompt length
     workers: int
 
@@ -120,31 +141,41 @@ def task_config(scale: Scale, task: str) -> TaskConfig:
     )
 
 
+def train_config(
+    scale: Scale, task_cfg: TaskConfig, steps: int, seed: int, device: str
+) -> TrainConfig:
+    """The CPU recipe (or the scale's) for ``steps`` steps on lines of ``task_cfg``."""
+    return TrainConfig(
+        **{"seq_len": max_line_len(task_cfg), **scale.train},
+        steps=steps,
+        eval_every=max(1, steps // 10),
+        checkpoint_every=max(1, steps // 10),
+        seed=seed,
+        device=device,
+    )
+
+
 def settings(scale_name: str, seed: int, device: str) -> Settings:
     scale = SCALES[scale_name]
     resolve_device(device)
-    runs, analyses = {}, {}
+    runs, stages, analyses = {}, {}, {}
     for task in TASKS:
         task_cfg = task_config(scale, task)
-        seq_len = scale.train.get("seq_len", max_line_len(task_cfg))
-        steps = scale.steps[task]
-        train_cfg = TrainConfig(
-            **{**scale.train, "seq_len": seq_len},
-            steps=steps,
-            eval_every=max(1, steps // 10),
-            checkpoint_every=max(1, steps // 10),
-            seed=seed,
-            device=device,
-        )
+        train_cfg = train_config(scale, task_cfg, scale.steps[task], seed, device)
+        earlier = [
+            (replace(task_cfg, max_len=stage.max_len, train_size=stage.train_size), stage.steps)
+            for stage in scale.curriculum.get(task, ())
+        ]
         for pe in POS_ENCODINGS:
-            runs[task, pe] = TrainRun(
-                model=ModelConfig(**scale.model, max_seq_len=seq_len, pos_encoding=pe),
-                train=train_cfg,
-                task=task_cfg,
+            # every stage trains the model of the last one (its positions fit the longest line)
+            model = ModelConfig(**scale.model, max_seq_len=train_cfg.seq_len, pos_encoding=pe)
+            runs[task, pe] = TrainRun(model=model, train=train_cfg, task=task_cfg)
+            stages[task, pe] = tuple(
+                TrainRun(model, train_config(scale, cfg, steps, seed, device), task=cfg)
+                for cfg, steps in earlier
             )
-        prompt_len = max_prompt_len(task_cfg)
         analyses[task] = AnalysisConfig(
-            seq_len=prompt_len,
+            seq_len=max_prompt_len(task_cfg),
             samples=scale.samples,
             batch_size=min(scale.samples, 64),
             input="prompts",
@@ -153,23 +184,42 @@ def settings(scale_name: str, seed: int, device: str) -> Settings:
             device=device,
         )
     workers = default_workers(device) if scale.workers is None else scale.workers
-    return Settings(scale, runs, analyses, workers)
+    return Settings(scale, runs, stages, analyses, workers)
+
+
+def cost(settings: Settings, key: tuple[str, str]) -> int:
+    """A model's training work in characters (steps x line length over its stages)."""
+    runs = (*settings.stages[key], settings.runs[key])
+    return sum(run.train.steps * run.train.batch_size * run.train.seq_len for run in runs)
 
 
 def run(settings: Settings, out: Path) -> None:
     names = {key: f"{key[0]}-{key[1]}" for key in settings.runs}
-    # NoPE models go first (the part's claim is about them); the results do not depend on order
-    nope_first = sorted(settings.runs, key=lambda key: POS_ENCODINGS.index(key[1]))
+    # NoPE models go first (the part's claim is about them), the longest first within an
+    # encoding (so that the last models to start are short ones); the results do not depend on
+    # the order
+    order = sorted(
+        settings.runs, key=lambda key: (POS_ENCODINGS.index(key[1]), -cost(settings, key))
+    )
     jobs = [
-        Job(names[key], train_and_analyze, (settings.runs[key], settings.analyses[key[0]]))
-        for key in nope_first
+        Job(
+            names[key],
+            train_and_analyze,
+            (settings.runs[key], settings.analyses[key[0]], settings.stages[key]),
+        )
+        for key in order
     ]
     run_jobs(jobs, out, "zuo2025 task models", settings.workers)
     rows, accuracy, heatmaps = [], [], {}
     for (task, pe), train_run in settings.runs.items():
-        result = read_trained(out / "runs" / names[task, pe])
+        folder = out / "runs" / names[task, pe]
+        result = read_trained(folder)
         summary = result.summary
         rows += result.rows(task=task, pos_encoding=pe)
+        stages = [
+            (stage, json.loads((stage_folder(folder, number) / "summary.json").read_text()))
+            for number, stage in enumerate(settings.stages[task, pe], 1)
+        ]
         accuracy.append(
             {
                 "task": task,
@@ -177,7 +227,13 @@ def run(settings: Settings, out: Path) -> None:
                 "pos_encoding": pe,
                 "accuracy": summary["final_eval"]["accuracy"],
                 "steps": train_run.train.steps,
-                "train_seconds": summary["train_seconds"],
+                "curriculum": "; ".join(
+                    f"max_len {stage.task.max_len}, {stage.train.steps} steps: "
+                    f"{done['final_eval']['accuracy']:.3f}"
+                    for stage, done in stages
+                ),
+                "train_seconds": summary["train_seconds"]
+                + sum(done["train_seconds"] for _, done in stages),
                 "tokens_per_second": summary["tokens_per_second"],
             }
         )
@@ -233,6 +289,17 @@ def summary_text(settings: Settings, accuracy: pd.DataFrame, scores: pd.DataFram
     nope = scores[(scores["pos_encoding"] == "none") & (scores["site"] == "attn_heads")]
     trained = nope[nope["state"] == "trained"].groupby("task")["adjacency_mean"].max()
     pattern = ", ".join(f"{task} {trained[task]:.3f}" for task in TASKS if task in trained)
+    staged = accuracy[accuracy["curriculum"] != ""]
+    curriculum = ""
+    if len(staged):
+        stages = staged.pivot(index="task", columns="pos_encoding", values="curriculum")
+        stages = stages.reindex(columns=list(POS_ENCODINGS))
+        curriculum = f"""
+Trained through a curriculum (each stage on shorter instances in the same format, the next
+stage starting from its weights; the test accuracy of each earlier stage on its own length):
+
+{markdown_table(stages.reset_index())}
+"""
     layout = {
         "padded": "one line per row, its prompt left-padded with newlines to the longest prompt",
         "packed": "lines packed end to end from a line start",
@@ -253,7 +320,7 @@ weights see the same prompts.
 ## Test accuracy (exact match, greedy decoding, all test lines)
 
 {markdown_table(acc.reset_index(), ".3f")}
-
+{curriculum}
 ## Adjacency score at `attn_heads` per layer (heads before the output projection)
 
 Mean ± std over prompts; 0.5 = chance, 1 = perfect. Highest layer score of each trained NoPE
@@ -269,5 +336,6 @@ Figures: `heatmaps.png` (NoPE `attn_heads`, init and trained, every task and lay
 `scores-attn_heads.png`, `scores-attn_out.png` (adjacency per layer, init dashed, trained solid).
 Tables: `accuracy.parquet`, `scores.parquet` (every site, also `resid_post`, and both norm
 scores), `summary.json`; every trained run, with its metrics, learning curves
-(`training.png`), checkpoint and both analyses, under `runs/TASK-ENCODING/`.
+(`training.png`), checkpoint and both analyses, under `runs/TASK-ENCODING/` (a curriculum's
+earlier stages under `runs/TASK-ENCODING-stageN/`).
 """
