@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -95,6 +96,8 @@ def test_zuo2025_trained_smoke_interrupted_and_resumed(
         first.send_signal(signal.SIGINT)
         assert first.wait(timeout=120) == 130
     assert "finished models are kept" in log.read_text()
+    # the models' own progress lines reach the command's stderr, named by the model
+    assert re.search(r"^[a-z]+-none(-stage1)? step \d+/\d+: loss", log.read_text(), re.M)
     assert (out / "reproduction.json").is_file() and not (out / "summary.md").exists()
     kept = {p: p.stat().st_mtime_ns for p in out.glob(f"runs/*/{DONE}")}
     assert 2 <= len(kept) < 12

@@ -6,9 +6,15 @@ import os
 import signal
 
 
-def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+def start_ray(
+    address: str | None = None, num_cpus: int | None = None, worker_output: bool = False
+) -> None:
     """``ray.init`` for nopelab's tasks: a private local cluster (of ``num_cpus`` CPUs, default
-    all) unless ``address`` is given."""
+    all) unless ``address`` is given. With ``worker_output``, what the tasks print reaches this
+    process's streams as it is printed (their progress lines name their run, so without Ray's
+    ``(task pid=...)`` prefix when Ray is first imported here)."""
+    os.environ.setdefault("RAY_DISABLE_WORKER_LOG_PREFIX", "1")  # both read when ray is imported
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every line as printed
     import ray
 
     on_sigterm = signal.getsignal(signal.SIGTERM)
@@ -18,7 +24,7 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         address=address or "local",  # not a cluster that RAY_ADDRESS or `ray start` named
         num_cpus=num_cpus if address is None else None,
         include_dashboard=False,
-        log_to_driver=False,
+        log_to_driver=worker_output,
         configure_logging=False,
     )
     if on_sigterm is not None:  # Ray's driver aborts on SIGTERM; nopelab stops cleanly (exit 130)

@@ -4,8 +4,9 @@ skipped when the reproduction is continued.
 A reproduction part is a grid of models (initialisations, encodings, tasks); each model's work is
 a :class:`Job`. :func:`run_jobs` runs the unfinished ones on a local Ray cluster, one CPU and one
 torch thread each (on a CPU, small models train and analyse faster side by side than one after
-another with every thread; the numbers do not depend on how many run at once), or, with one
-worker (a one-core machine, or a GPU), in this process, one after another. A job is finished
+another with every thread; the numbers do not depend on how many run at once; what they print
+reaches this process's stderr), or, with one worker (a one-core machine, or a GPU), in this
+process, one after another. A job is finished
 when its folder holds :data:`DONE`, written after the job returned; an interrupted job runs
 again (training jobs continue from their last checkpoint).
 """
@@ -67,9 +68,9 @@ def _run_job_alone(job: Job, out: Path) -> str:
 
 def run_jobs(jobs: Sequence[Job], out: Path, title: str, workers: int) -> None:
     """Run every unfinished job of ``jobs`` into ``out``: ``workers`` at once as Ray tasks of one
-        thread each (even a single job, so its numbers are a one-thread run's), or, with one worker,
-    here, one after another. The first error or
-        an interrupt stops the others; finished jobs stay finished."""
+    thread each (even a single job, so its numbers are a one-thread run's), or, with one worker,
+    here, one after another. The first error or an interrupt stops the others; finished jobs
+    stay finished."""
     todo = [job for job in jobs if not is_done(out, job.name)]
     names = [job.name for job in jobs]
     if len(set(names)) != len(names):
@@ -89,9 +90,9 @@ def run_jobs(jobs: Sequence[Job], out: Path, title: str, workers: int) -> None:
 
 
 def _on_ray(todo: list[Job], out: Path, title: str, total: int, workers: int) -> None:
+    start_ray(num_cpus=workers, worker_output=True)  # each model's progress lines
     import ray
 
-    start_ray(num_cpus=workers)
     task = ray.remote(num_cpus=1, max_retries=0)(_run_job_alone)
     pending = {task.remote(job, out): job for job in todo}
     start, done = time.perf_counter(), total - len(todo)
