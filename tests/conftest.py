@@ -3,6 +3,7 @@ tiny finished task run."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -11,6 +12,11 @@ import pytest
 import torch
 
 from nopelab.cli import main
+
+# A shell that starts the suite in the background makes it ignore SIGINT, and the commands the
+# tests start would inherit that; the interrupt tests need SIGINT to reach them.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
