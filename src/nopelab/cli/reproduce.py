@@ -28,7 +28,7 @@ def reproduce(
         str,
         typer.Option(
             help="smoke | small | medium (zuo2025 trained and probes: Zuo's task lengths, "
-            "~3 h on a CPU) | paper (full sizes, GPU advised)"
+            "~2.5 h on 2 CPU cores) | paper (full sizes, GPU advised)"
         ),
     ] = "small",
     seed: Annotated[int, typer.Option(help="Seed for weights and inputs")] = 0,

@@ -2,12 +2,11 @@
 
 :func:`lm_runs` builds the byte-level language models on the embedded corpus that the
 pretrained-LM parts compare (one per positional encoding, otherwise identical);
-:func:`train_into` trains one run into its folder (continuing an interrupted one, and reading a
-finished one's summary instead of training again), after the earlier stages of a curriculum
-when it has one; :func:`analyze_trained` analyses a trained
-run's initial and trained weights on the same held-out data; :func:`train_and_analyze` is both,
-as one job of :func:`~nopelab.sweep.jobs.run_jobs`, and :func:`read_trained` reads its files
-back.
+:func:`train_into` trains one run into its folder, after the earlier stages of its curriculum
+if it has one (continuing an interrupted run, and reading a finished one's summary instead of
+training again); :func:`analyze_trained` analyses a trained run's initial and trained weights on
+the same held-out data; :func:`train_and_analyze` is both, as one job of
+:func:`~nopelab.sweep.jobs.run_jobs`, and :func:`read_trained` reads its files back.
 """
 
 from __future__ import annotations
