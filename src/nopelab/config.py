@@ -406,9 +406,17 @@ class TrainConfig:
         "optimiser and schedule): fine-tuning, or a curriculum over task lengths",
         shown="random init",
     )
+    stop_at: float | None = setting(
+        None,
+        "Task: stop once exact match on the held-out evaluation sample reaches this accuracy "
+        "(checked every --eval-every steps; --steps is then the cap)",
+        shown="off",
+    )
 
     def __post_init__(self) -> None:
         check_types(self)
+        if self.stop_at is not None and not 0 < self.stop_at <= 1:
+            raise ConfigError("stop_at", f"must be in (0, 1], got {self.stop_at!r}")
         for name in ("steps", "batch_size", "seq_len", "lr", "eval_every", "checkpoint_every"):
             check_positive(name, getattr(self, name))
         for name in ("eval_samples", "eval_tokens"):

@@ -389,3 +389,28 @@ def intervention_effects(frame: pd.DataFrame, path: Path, title: str = "") -> No
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     _save(fig, path)
+
+
+def steps_to_mastery(
+    table: pd.DataFrame, tasks: list[str], encodings: list[str], stop_at: float, path: Path
+) -> None:
+    """Steps to mastery per task (a panel each): a dot per seed for each encoding, the mean as a
+    bar; a seed that did not reach ``stop_at`` is a cross at the steps it trained."""
+    fig, axes = plt.subplots(
+        1, len(tasks), figsize=(3.2 * len(tasks), 3.4), squeeze=False, layout="constrained"
+    )
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for x, pe in enumerate(encodings):
+            rows = table[(table["task"] == task) & (table["pos_encoding"] == pe)]
+            reached = rows["steps_to_target"].dropna()
+            if len(reached):
+                ax.bar(x, reached.mean(), width=0.6, color="C0", alpha=0.35)
+            ax.scatter([x] * len(reached), reached, color="C0", zorder=3, s=18)
+            missed = rows[rows["steps_to_target"].isna()]
+            ax.scatter([x] * len(missed), missed["steps_trained"], color="C3", marker="x", zorder=3)
+        ax.set_xticks(range(len(encodings)), encodings)
+        ax.set_title(task)
+        ax.set_ylim(bottom=0)
+    axes[0][0].set_ylabel(f"steps to accuracy ≥ {stop_at:g}")
+    fig.suptitle("Steps to mastery (dots: seeds; x: not reached within the cap)")
+    _save(fig, path)

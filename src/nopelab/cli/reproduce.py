@@ -20,7 +20,8 @@ def reproduce(
     part: Annotated[
         str | None,
         typer.Option(
-            help="chi2023: random-init | pretrained; zuo2025: random-init | trained | probes; "
+            help="chi2023: random-init | pretrained; zuo2025: random-init | trained | probes | "
+            "mastery (the trained part's models at three seeds, steps to mastery); "
             "haviv2022: pretrained; real-model: smollm2"
         ),
     ] = None,

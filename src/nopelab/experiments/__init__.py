@@ -13,6 +13,7 @@ from nopelab.experiments import (
     haviv2022,
     real_model,
     zuo2025,
+    zuo2025_mastery,
     zuo2025_probes,
     zuo2025_trained,
 )
@@ -38,6 +39,7 @@ class Experiment:
 
 
 WITH_MEDIUM = ("smoke", "small", "medium", "paper")
+TO_TARGET = ("smoke", "small")  # scales whose task models train to a target accuracy
 EXPERIMENTS = {
     "chi2023": Experiment(
         {
@@ -54,6 +56,9 @@ EXPERIMENTS = {
             ),
             "probes": Part(
                 zuo2025_probes.settings, zuo2025_probes.run, resumable=True, scales=WITH_MEDIUM
+            ),
+            "mastery": Part(
+                zuo2025_mastery.settings, zuo2025_mastery.run, resumable=True, scales=TO_TARGET
             ),
         },
         "random-init",

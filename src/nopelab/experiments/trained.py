@@ -23,7 +23,7 @@ from nopelab.config import AnalysisConfig, CorpusConfig, ModelConfig, RunConfig,
 from nopelab.measure.analysis import analyze_model, build_model
 from nopelab.measure.report import WrittenAnalysis, read_analysis, write_analysis
 from nopelab.training.checkpoint import STATE_FILE
-from nopelab.training.train import TrainRun, load_trained, make_source, train
+from nopelab.training.train import TrainRun, load_trained, make_source, read_run, train
 
 PERPLEXITY_LENGTHS = ("perplexity", "perplexity_2x", "perplexity_4x")
 
@@ -101,6 +101,10 @@ def _train_one(run: TrainRun, folder: Path) -> dict[str, Any]:
     if (folder / "summary.json").is_file():
         return json.loads((folder / "summary.json").read_text())
     resume = (folder / STATE_FILE).is_file()
+    if resume:  # the weights come from the checkpoint: where a curriculum's stage started from
+        # matters no more (the reproduction folder may have been moved since)
+        stored = read_run(folder).train.init_from
+        run = dataclasses.replace(run, train=dataclasses.replace(run.train, init_from=stored))
     started = folder.is_dir() and any(folder.iterdir())  # stopped before its first checkpoint
     summary = train(run, folder, resume=resume, force=started and not resume, label=folder.name)
     assert summary is not None

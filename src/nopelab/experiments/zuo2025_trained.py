@@ -71,6 +71,8 @@ class Scale:
     samples: int = 256  # analysed prompts per model
     workers: int | None = None  # models at once (None: one single-thread job per CPU core)
     curriculum: dict[str, tuple[Stage, ...]] = field(default_factory=dict)  # task -> stages
+    stop_at: float | None = None  # stop each stage at this held-out accuracy (steps: the cap)
+    eval_every: int | None = None  # steps between evaluations (None: a tenth of the steps)
 
 
 CPU_RECIPE = dict(batch_size=128, lr=1e-3, warmup=100)
@@ -84,14 +86,18 @@ SCALES = {
         test_size=32,
         samples=16,
         curriculum={"wherex": (Stage(max_len=2, steps=10, train_size=100),)},
+        stop_at=0.25,
+        eval_every=5,
     ),
-    "small": Scale(  # shorter instances in Zuo's formats; the whole part fits in 45 min
+    "small": Scale(  # shorter instances in Zuo's formats, each model trained to mastery
         lengths={"add": 2, "reverse": 5, "order": 3, "wherex": 4},
-        steps={"add": 2000, "reverse": 2500, "order": 2000, "wherex": 3000},
+        steps={"add": 4000, "reverse": 5000, "order": 4000, "wherex": 8000},  # caps
         model=dict(d_model=128, n_layers=4, n_heads=4),
         train=CPU_RECIPE,
         train_size={"add": 4000, "reverse": 10_000, "order": 3000, "wherex": 10_000},
         test_size=500,
+        stop_at=0.99,
+        eval_every=100,
     ),
     "medium": Scale(  # Zuo's task lengths with the CPU recipe; wherex after 4 and 6 digits
         lengths=ZUO_LENGTHS,
@@ -148,8 +154,9 @@ def train_config(
     return TrainConfig(
         **{"seq_len": max_line_len(task_cfg), **scale.train},
         steps=steps,
-        eval_every=max(1, steps // 10),
+        eval_every=scale.eval_every or max(1, steps // 10),
         checkpoint_every=max(1, steps // 10),
+        stop_at=scale.stop_at,
         seed=seed,
         device=device,
     )
@@ -220,6 +227,7 @@ def run(settings: Settings, out: Path) -> None:
             (stage, json.loads((stage_folder(folder, number) / "summary.json").read_text()))
             for number, stage in enumerate(settings.stages[task, pe], 1)
         ]
+        trained_steps = summary["steps"] + sum(done["steps"] for _, done in stages)
         accuracy.append(
             {
                 "task": task,
@@ -227,6 +235,8 @@ def run(settings: Settings, out: Path) -> None:
                 "pos_encoding": pe,
                 "accuracy": summary["final_eval"]["accuracy"],
                 "steps": train_run.train.steps,
+                "steps_trained": trained_steps,
+                "steps_to_target": trained_steps if summary.get("steps_to_target") else None,
                 "curriculum": "; ".join(
                     f"max_len {stage.task.max_len}, {stage.train.steps} steps: "
                     f"{done['final_eval']['accuracy']:.3f}"
@@ -285,7 +295,33 @@ def summary_text(settings: Settings, accuracy: pd.DataFrame, scores: pd.DataFram
     acc = accuracy.pivot(index="task", columns="pos_encoding", values="accuracy")
     acc = acc.reindex(index=list(TASKS), columns=list(POS_ENCODINGS))
     acc.insert(0, "max_len", [settings.scale.lengths[task] for task in TASKS])
-    acc.insert(1, "steps", [settings.scale.steps[task] for task in TASKS])
+    acc.insert(
+        1,
+        "steps" if t.stop_at is None else "step cap",
+        [settings.scale.steps[task] for task in TASKS],
+    )
+    mastery = ""
+    if t.stop_at is not None:
+        reached = accuracy.assign(
+            shown=[
+                f"{steps:.0f}" if steps == steps else f"not by {cap}"  # NaN: not reached
+                for steps, cap in zip(
+                    accuracy["steps_to_target"], accuracy["steps_trained"], strict=True
+                )
+            ]
+        )
+        table = reached.pivot(index="task", columns="pos_encoding", values="shown")
+        table = table.reindex(index=list(TASKS), columns=list(POS_ENCODINGS))
+        mastery = f"""
+## Steps to mastery
+
+Training stops once exact match on the held-out evaluation sample reaches {t.stop_at:g}
+(checked every {t.eval_every} steps; a curriculum's stages are counted in); the accuracy above
+is then measured on every test line. `nopelab reproduce zuo2025 --part mastery` repeats this
+over three seeds.
+
+{markdown_table(table.reset_index())}
+"""
     nope = scores[(scores["pos_encoding"] == "none") & (scores["site"] == "attn_heads")]
     trained = nope[nope["state"] == "trained"].groupby("task")["adjacency_mean"].max()
     pattern = ", ".join(f"{task} {trained[task]:.3f}" for task in TASKS if task in trained)
@@ -320,7 +356,7 @@ weights see the same prompts.
 ## Test accuracy (exact match, greedy decoding, all test lines)
 
 {markdown_table(acc.reset_index(), ".3f")}
-{curriculum}
+{mastery}{curriculum}
 ## Adjacency score at `attn_heads` per layer (heads before the output projection)
 
 Mean ± std over prompts; 0.5 = chance, 1 = perfect. Highest layer score of each trained NoPE

@@ -16,8 +16,10 @@ A training run directory holds:
 * ``training.png`` — loss and evaluation curves;
 * ``tensorboard/`` — with ``tensorboard=True``: the same rows as TensorBoard scalars
   (``train/<column>``, ``eval/<column>``), written at each checkpoint as the CSV files are;
-* ``summary.json`` — written when training ends: ``final_eval`` (task: ``accuracy``;
-  text: ``loss`` and ``perplexity``, also at 2x and 4x the training length), ``tokens_per_second``.
+* ``summary.json`` — written when training ends: ``final_eval`` (task: ``accuracy`` on every
+  test line; text: ``loss`` and ``perplexity``, also at 2x and 4x the training length),
+  ``steps`` trained, ``steps_to_target`` (the step at which a task run with ``stop_at`` reached
+  it, else null), ``tokens_per_second``.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ class TrainRun:
     def __post_init__(self) -> None:
         if (self.task is None) == (self.corpus is None):
             raise ConfigError("data", "give exactly one of a task (--task) and a corpus (--corpus)")
+        if self.train.stop_at is not None and self.task is None:
+            raise ConfigError("stop_at", "stops a task run at an accuracy; a corpus has none")
         if self.train.batch_size % world_size():
             raise ConfigError(
                 "batch_size",
@@ -285,8 +289,12 @@ class Log:
 # ------------------------------------------------------------------------ the run directory
 
 
-def prepare_out(out: Path, resume: bool, force: bool) -> bool:
-    """Check ``out`` before any work; returns whether to resume from its checkpoint."""
+def prepare_out(out: Path, resume: bool, force: bool, steps: int | None = None) -> bool:
+    """Check ``out`` before any work; returns whether to resume from its checkpoint.
+
+    ``steps``: the total a resumed run trains to; a finished run continues only to more steps
+    than it was started with.
+    """
     if resume and force:
         raise UserError("--resume and --force exclude each other")
     if out.exists() and not out.is_dir():
@@ -296,8 +304,12 @@ def prepare_out(out: Path, resume: bool, force: bool) -> bool:
         if not holds_files:
             raise UserError(f"--resume: {out} holds no run to resume")
         read_state(out)  # fails clearly without a checkpoint
-        if (out / "summary.json").is_file():
-            raise UserError(f"--resume: the run in {out} has already finished")
+        finished = (out / "summary.json").is_file()
+        if finished and (steps is None or steps <= read_run(out).train.steps):
+            raise UserError(
+                f"--resume: the run in {out} has already finished; pass a larger --steps to "
+                "train it further"
+            )
         return True
     if holds_files and not force:
         raise UserError(
@@ -335,7 +347,7 @@ def train(
     summary_writer = _summary_writer_class() if tensorboard else None
     device = _setup_processes(run.train.device)
     main_process = rank() == 0
-    resume = prepare_out(out, resume, force)
+    resume = prepare_out(out, resume, force, run.train.steps)
     if not resume and run.train.init_from is not None:
         check_init_from(run, out)
     created = missing_folders(out.parent) if main_process else []
@@ -346,12 +358,28 @@ def train(
         with locked(out) if main_process else contextlib.nullcontext():
             if resume:
                 stored = read_run(out)
-                if stored != run:
-                    raise UserError(f"--resume: {_first_difference(stored, run)}")
+                difference = _first_difference(stored, run)
+                if difference is not None:
+                    raise UserError(f"--resume: {difference}")
+                reached = read_state(out)["step"]
+                if run.train.steps != stored.train.steps and run.train.steps < reached:
+                    raise UserError(
+                        f"--steps: the checkpoint in {out} is at step {reached}; allowed: "
+                        f">= {reached}, got {run.train.steps}"
+                    )
                 _check_state(out, run.train.steps)
             source = make_source(run, out if resume else None)
             if resume:
                 _check_data(out, source)
+                if main_process and run.train.steps != stored.train.steps:
+                    from nopelab.runtime.rundir import replace_atomically
+
+                    # config.json records the new total (and keeps the device it started on);
+                    # the run is unfinished until it reaches it
+                    recorded = json.loads((out / CONFIG_FILE).read_text())
+                    recorded["train"]["steps"] = run.train.steps
+                    (out / "summary.json").unlink(missing_ok=True)
+                    replace_atomically(out / CONFIG_FILE, lambda tmp: write_json(tmp, recorded))
             _barrier()
             if main_process and not resume:
                 with staged_run(out, force, command="train") as staging:
@@ -469,6 +497,9 @@ def _train(
     segment_seconds = 0.0
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     final_eval: dict[str, float] = {}
+    reached = resume and _reached_before(evals, cfg, start)  # stopped, killed before its summary
+    if reached:
+        end = start
     with progress_bar(transient=False) as bar:
         task = bar.add_task(
             label, total=cfg.steps, completed=start, visible=progress and main_process
@@ -505,6 +536,7 @@ def _train(
             bar.update(task, advance=1, description=f"{label} loss {loss:.3f}")
             final = done == cfg.steps
             if done % cfg.eval_every == 0 or final:
+                result = {}
                 if main_process:
                     model.eval()
                     result = source.evaluate(model, cfg.seq_len, final, device, autocast)
@@ -517,8 +549,11 @@ def _train(
                             file=sys.stderr,
                             flush=True,
                         )
-                    if final:
-                        final_eval = result
+                reached = _agree(_reaches(cfg, result), device)
+                if reached:  # the checkpoint below is the last one
+                    final, end = True, done
+                if final and main_process:
+                    final_eval = result
                 _barrier()
             if done % cfg.checkpoint_every == 0 or final or done == end:
                 # every process holds the same weights: all of them stop together
@@ -534,15 +569,21 @@ def _train(
                     metrics.flush()
                     evals.flush()
                 _barrier()
+            if reached:
+                break
     if writer is not None:  # everything was flushed at the last checkpoint
         writer.close()
-    if end < cfg.steps:
+    if end < cfg.steps and not reached:
         return None
-    if main_process and not final_eval:  # resumed from a final checkpoint without a summary
+    if main_process and (reached or not final_eval):
+        # every test line (the stopping check saw the evaluation sample), or resumed from a
+        # final checkpoint without a summary
         model.eval()
         final_eval = source.evaluate(model, cfg.seq_len, True, device, autocast)
     summary = {
-        "steps": cfg.steps,
+        "steps": end,
+        "stop_at": cfg.stop_at,
+        "steps_to_target": end if reached else None,
         "final_eval": final_eval,
         "tokens_per_second": tokens / segment_seconds if segment_seconds else float("nan"),
         "train_seconds": train_seconds + segment_seconds,
@@ -556,6 +597,30 @@ def _train(
     if dist.is_initialized():
         dist.destroy_process_group()
     return summary
+
+
+def _reaches(cfg: TrainConfig, result: dict[str, float]) -> bool:
+    """Whether an evaluation's accuracy reached ``stop_at`` (never without ``stop_at``)."""
+    return cfg.stop_at is not None and result.get("accuracy", -1.0) >= cfg.stop_at
+
+
+def _agree(decision: bool, device: torch.device) -> bool:
+    """The main process's decision, on every process (only it evaluates)."""
+    if not dist.is_initialized():
+        return decision
+    flag = torch.tensor([int(decision)], device=device)
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+def _reached_before(evals: Log, cfg: TrainConfig, step: int) -> bool:
+    """Whether a resumed run had already stopped at ``stop_at`` at its checkpoint ``step``
+    (it was stopped after the checkpoint, before writing its summary)."""
+    frame = Log.check(evals.path)
+    if cfg.stop_at is None or "accuracy" not in frame or step == 0:
+        return False
+    last = frame[frame["step"] == step]
+    return bool(len(last)) and bool(last["accuracy"].iloc[-1] >= cfg.stop_at)
 
 
 def _diverged(label: str, step: int, what: str) -> RunFailed:
@@ -606,17 +671,22 @@ def run_source_batch(
     return source.batch(cfg.batch_size, cfg.seq_len, generator)
 
 
-def _first_difference(stored: TrainRun, asked: TrainRun) -> str:
+def _first_difference(stored: TrainRun, asked: TrainRun) -> str | None:
+    """The first setting a resumed run asks to change, described; ``None`` when there is none.
+
+    Where the run executes (``train.device``) and how far it trains (``train.steps``) may
+    change: they are not what the run is.
+    """
     a, b = stored.to_dict(), asked.to_dict()
     for section in sorted(set(a) | set(b)):
         for key in sorted(set(a.get(section, {})) | set(b.get(section, {}))):
             old, new = a.get(section, {}).get(key), b.get(section, {}).get(key)
-            if old != new:
+            if old != new and f"{section}.{key}" not in ("train.device", "train.steps"):
                 return (
                     f"{section}.{key} is {new!r} but the run was started with {old!r}; "
                     "drop the flag or start a new run"
                 )
-    return "the configuration differs from the stored run"
+    return None
 
 
 def load_trained(out: Path, device: torch.device | None = None) -> tuple[TrainRun, Transformer]:
