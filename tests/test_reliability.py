@@ -44,6 +44,8 @@ BAD_INPUT = {
         ("--out ''", "--out:"),
         ("--out /proc/nopelab", "--out: /proc is not writable"),
         ("--out NOT-UTF-8", "--out: the path is not valid UTF-8"),
+        ("--out " + "a" * 300, "--out: the name aaaaaaaaaaaaaaaa… is 300 bytes long; at most 237"),
+        ("--out " + "b/" * 2000, "--out: the path is"),
     ],
     "train": [
         ("", "--task or --corpus"),
@@ -93,6 +95,7 @@ BAD_INPUT = {
         ("--split vocab", "--split: vocab builds sequences from token ids"),
         ("--layers 1000000000", "--layers, --d-model or --vocab-size: analysing"),
         ("RUN --probe-layers 5", "--probe-layers: layer 5 does not exist"),
+        ("--out " + "a" * 300, "--out: the name aaaaaaaaaaaaaaaa… is 300 bytes long"),
     ],
     "compare-signals": [
         ("--probe-layers -1", "--probe-layers: expected layer numbers >= 0"),
@@ -110,6 +113,7 @@ BAD_INPUT = {
         ("RUN --out RUN --force", "--out:"),
         ("no/such/run --out o", "run: no/such/run has no config.json"),
         ("RUN", "Missing option '--out'"),
+        ("RUN --out " + "b/" * 2000, "--out: the path is"),
     ],
     "reproduce": [
         ("vaswani2017", "paper: unknown 'vaswani2017'"),
@@ -119,6 +123,7 @@ BAD_INPUT = {
         ("chi2023 --seed x", "--seed: input should be a valid integer"),
         ("chi2023 --resume", "--resume:"),
         ("zuo2025 --part trained --models RUN", "--models: only for zuo2025 --part probes"),
+        ("chi2023 --out " + "a" * 300, "--out: the name aaaaaaaaaaaaaaaa… is 300 bytes long"),
     ],
     "sweep": [
         ("no/such.toml", "GRID: no/such.toml: no such file"),
@@ -129,6 +134,8 @@ BAD_INPUT = {
         (".", "DIR: . holds no nopelab run"),
         ("RUN --out page.txt", "--out: page.txt: expected a .html file"),
         ("RUN --out RUN/page.html", "lies inside"),
+        ("RUN --out " + "a" * 300 + ".html", "--out: the name aaaaaaaaaaaaaaaa… is 305 bytes"),
+        ("RUN --out notes.txt/page.html", "notes.txt is not a folder"),
     ],
 }
 CASES = [(command, args, message) for command, rows in BAD_INPUT.items() for args, message in rows]

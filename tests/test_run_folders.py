@@ -100,12 +100,36 @@ def test_a_second_writer_is_refused(tmp_path, capsys, monkeypatch) -> None:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         for args in (["analyze", *TINY], [*TRAIN, "--steps", "2"]):
             assert run_cli([*args, "--out", str(out)], monkeypatch) == 2
-            assert "another nopelab process is writing" in _one_line(capsys)
+            assert f"another nopelab process is writing {out} (process {holder.pid})" in (
+                _one_line(capsys)
+            )
         assert not out.exists()
     finally:
         holder.kill()
         holder.wait()
-    assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 0  # a dead holder's lock
+    assert (tmp_path / ".run.lock").read_text() == f"{holder.pid}\n"  # a killed holder's lock
+    assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 0  # does not block
+    assert not (tmp_path / ".run.lock").exists()  # and is removed
+
+
+def test_a_lock_waits_for_its_holder_when_asked(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from nopelab.runtime.rundir import locked\nwith locked(Path(sys.argv[1])):\n"
+         "    print('locked', flush=True); time.sleep(1); letting_go = time.time()\n"
+         "print(letting_go, flush=True)", str(out)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with locked(out, wait=60):
+            taken = time.time()
+            assert (tmp_path / ".run.lock").read_text() == f"{os.getpid()}\n"
+        assert float(holder.stdout.readline()) < taken  # taken once the holder let it go
+    finally:
+        holder.kill()
+        holder.wait()
     assert not (tmp_path / ".run.lock").exists()
 
 

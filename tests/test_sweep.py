@@ -12,9 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nopelab.errors import ConfigError
+from nopelab.errors import ConfigError, UserError
 from nopelab.runtime.rundir import locked
-from nopelab.sweep.grid import parse_grid
+from nopelab.sweep.engine import prepare
+from nopelab.sweep.grid import parse_grid, read_grid
 
 BASE = """
 [base.task]
@@ -66,6 +67,7 @@ def test_cells_cross_axes_zip_pairs_and_seeds_multiply() -> None:
     )
     cells = grid.cells()
     assert len(cells) == 2 * 3 * 2  # zip pairs x crossed values x seeds
+    assert grid.size == len(cells)
     pairs = {(c.settings["model"]["d_model"], c.settings["model"]["n_heads"]) for c in cells}
     assert pairs == {(32, 2), (64, 4)}  # zipped, never crossed
     assert {c.settings["train"]["seed"] for c in cells} == {0, 1}
@@ -118,8 +120,10 @@ def run_sweep_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
         ('[axes]\n"model.n_layers" = []', [], "axes.model.n_layers: empty axis"),
         ('[axes]\n"train.lr" = ["fast"]', [], "axes.train.lr: expected float"),
         ('[axes]\n"model.n_layers" = [1]', ["--address", "127.0.0.1:9"], "--address: no Ray"),
+        ('[axes]\n"model.n_layers" = [1]', ["--out", "grid.toml"], "--out: grid.toml exists and is not a directory"),
+        ('[axes]\n"model.n_layers" = [1]', ["--out", "a" * 300], "--out: the name aaaaaaaaaaaaaaaa… is 300 bytes"),
     ],
-)
+)  # fmt: skip
 def test_bad_sweep_input_is_one_line_exit_2_nothing_written(
     axes: str, extra: list[str], message: str, tmp_path: Path
 ) -> None:
@@ -130,6 +134,68 @@ def test_bad_sweep_input_is_one_line_exit_2_nothing_written(
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"nopelab: error: {message}"), line
     assert sorted(tmp_path.iterdir()) == before
+
+
+def test_a_grid_of_too_many_cells_is_refused_before_any_cell_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def built(*args, **kwargs):
+        raise AssertionError("a cell was built")
+
+    monkeypatch.setattr("nopelab.sweep.grid.validate", built)
+    axes = "[axes]\n" + "".join(
+        f'"train.{name}" = {list(range(1, 101))}\n' for name in ("steps", "warmup", "eval_every")
+    )
+    path = write_grid(tmp_path, grid_text(axes))
+    with pytest.raises(UserError) as info:
+        read_grid(path)
+    assert str(info.value) == (
+        f"GRID: {path}: 1,000,000 cells; a sweep takes at most 10,000: split the grid"
+    )
+    done = run_sweep_cli(["grid.toml"], tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "nopelab: error: GRID: grid.toml: 1,000,000 cells; a sweep takes at most 10,000: split the grid"
+    ]
+    assert [p.name for p in tmp_path.iterdir()] == ["grid.toml"]
+
+
+def test_what_killed_cells_left_is_removed_when_the_sweep_continues(tmp_path: Path) -> None:
+    """A killed worker leaves its cell's lock file and staging folder; the next run removes them,
+    but not those of a cell that is still being written, nor anything else in the folder."""
+    grid = parse(grid_text('[axes]\n"model.n_layers" = [1, 2]'))
+    out = tmp_path / "out"
+    prepare(out, grid)
+    killed, running = (out / "cells" / cell.key for cell in grid.cells())
+    script = (
+        "import sys, time; from pathlib import Path; from nopelab.runtime.rundir import staged_run\n"
+        "with staged_run(Path(sys.argv[1]), force=True, command='sweep-cell'):\n"
+        "    print('writing', flush=True); time.sleep(60)"
+    )
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(cell)], stdout=subprocess.PIPE, text=True
+        )
+        for cell in (killed, running)
+    ]
+    try:
+        for worker in workers:
+            assert worker.stdout is not None and worker.stdout.readline().strip() == "writing"
+        workers[0].kill()
+        workers[0].wait()
+        lock = out / "cells" / f".{killed.name}.lock"
+        assert lock.read_text().strip() == str(workers[0].pid)  # the lock records its holder
+        assert list((out / "cells").glob(f".{killed.name}.staging-*"))
+        (out / "cells" / ".notes").write_text("the user's file")
+        prepare(out, grid)  # the sweep continues
+        left = sorted(p.name for p in (out / "cells").iterdir())
+        assert not [name for name in left if name.startswith(f".{killed.name}")]
+        assert f".{running.name}.lock" in left and ".notes" in left
+        assert (out / "cells" / ".notes").read_text() == "the user's file"
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
 
 
 def test_a_second_sweep_into_the_same_folder_is_refused(tmp_path: Path) -> None:
@@ -178,6 +244,26 @@ def test_interrupted_sweep_resumes_without_running_a_cell_twice(tmp_path: Path) 
     for key in rows["cell"]:
         assert (out / "cells" / key / "train" / "model.safetensors").is_file()
     assert not list((out / "cells").glob(".*"))  # no half-written cell is left
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_sweep_leaves_no_lock_and_no_half_written_cell(
+    signum: signal.Signals, tmp_path: Path
+) -> None:
+    grid = write_grid(tmp_path, grid_text("", steps=100_000, top="seeds = [0, 1]"))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "nopelab", "sweep", str(grid), "--out", str(out)]
+    sweep = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while len(list((out / "cells").glob(".*.lock"))) < 2:  # both cells are being written
+        assert sweep.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    sweep.send_signal(signum)
+    assert sweep.wait(timeout=120) == 130
+    assert "finished cells are kept" in sweep.stderr.read()
+    assert list((out / "cells").iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.toml", "out"]
 
 
 @pytest.mark.slow

@@ -25,12 +25,9 @@ def report(
 ) -> None:
     """Write one HTML page (headline numbers, tables, every figure, settings, versions) that
     opens offline in a browser."""
-    from nopelab.html_report import check_report, render
-    from nopelab.runtime.rundir import replace_atomically
+    from nopelab.html_report import check_report, default_page, render, write_page
 
-    out = out or folder.resolve().parent / f"{folder.resolve().name}.html"
+    out = out or default_page(folder)
     check_report(folder, out, force)
-    page = render(folder)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    replace_atomically(out, lambda tmp: tmp.write_text(page, encoding="utf-8"))
+    write_page(out, render(folder))
     typer.echo(f"wrote {out}")

@@ -4,9 +4,11 @@ Every command writes its outputs into a hidden staging folder beside ``--out`` a
 place only when the run succeeds, so an error or an interrupt (SIGINT or SIGTERM) never leaves a
 half-written run; parent folders the run created are removed again when it fails. ``--out`` must
 not be the current folder or hold it, and must not be, hold or lie inside a run the command
-reads. ``--force`` replaces only a folder that holds a nopelab run (it has the marker file
-:data:`RUN_MARKER`). While a command writes ``--out`` it holds an exclusive lock on it, so a
-second writer is refused. Files and folders get the user's umask.
+reads; its names and its length must fit the filesystem. ``--force`` replaces only a folder that
+holds a nopelab run (it has the marker file :data:`RUN_MARKER`). While a command writes ``--out``
+it holds an exclusive lock on it, so a second writer is refused; the lock file records the
+holder's process id, and the lock of a holder that was killed is free: the next writer takes it
+over and removes the file. Files and folders get the user's umask.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -35,12 +38,34 @@ def default_out(name: str) -> Path:
     return Path("runs") / f"{name}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
-def _resolved(path: Path, flag: str) -> Path:
+BESIDE = len("..staging-") + 8  # bytes a hidden file or folder beside a path adds to its name
+INSIDE = 256  # bytes kept under the filesystem's longest path for the files a run holds
+
+
+def check_path(path: Path, flag: str = "--out") -> Path:
+    """``path`` resolved, or a one-line error naming ``flag`` if the filesystem cannot hold it
+    and the hidden files written beside and inside it: not valid UTF-8, a name longer than
+    NAME_MAX bytes, or a path too long for PATH_MAX."""
     try:
         str(path).encode("utf-8")
     except UnicodeEncodeError:
         raise UserError(f"{flag}: the path is not valid UTF-8; choose another name") from None
-    return path.expanduser().resolve()
+    target = Path(os.path.abspath(path.expanduser()))
+    name_max, path_max = os.pathconf("/", "PC_NAME_MAX"), os.pathconf("/", "PC_PATH_MAX")
+    names = [(part, name_max) for part in target.parts[:-1]] + [(target.name, name_max - BESIDE)]
+    for name, longest in names:
+        if len(os.fsencode(name)) > longest:
+            raise UserError(
+                f"{flag}: the name {name[:16]}… is {len(os.fsencode(name))} bytes long; at "
+                f"most {longest} are allowed: choose a shorter name"
+            )
+    longest = path_max - BESIDE - INSIDE
+    if len(os.fsencode(str(target))) > longest:
+        raise UserError(
+            f"{flag}: the path is {len(os.fsencode(str(target)))} bytes long; at most {longest} "
+            "are allowed: choose a shorter path"
+        )
+    return target.resolve()
 
 
 def check_out(out: Path, force: bool, inputs: Sequence[Path] = ()) -> None:
@@ -49,7 +74,7 @@ def check_out(out: Path, force: bool, inputs: Sequence[Path] = ()) -> None:
     ``inputs`` are the runs the command reads: ``out`` may not be one of them, lie inside one or
     hold one.
     """
-    target = _resolved(out, "--out")
+    target = check_path(out)
     here = Path.cwd().resolve()
     if target == here or target in here.parents:
         where = "is" if target == here else "holds"
@@ -132,17 +157,20 @@ _held: set[Path] = set()  # the lock files this process holds (a lock is re-entr
 
 
 @contextmanager
-def locked(out: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``out`` (a lock file beside it) or refuse in one line.
+def locked(out: Path, wait: float = 0.0) -> Iterator[None]:
+    """Hold an exclusive lock on ``out`` (a lock file beside it, holding this process's id) or
+    refuse in one line, after waiting up to ``wait`` seconds for another holder to finish.
 
-    Missing parents of ``out`` are created for the lock file, and removed again if they are
-    still empty when the lock is released."""
+    The kernel frees a lock when its holder exits, also when it is killed: the lock file it
+    leaves is taken over here and removed on release. Missing parents of ``out`` are created for
+    the lock file, and removed again if they are still empty when the lock is released."""
     target = out.expanduser().resolve()
     lock = target.parent / f".{target.name}.lock"
     if lock in _held:
         yield
         return
     created = _make_parents(target.parent)
+    deadline = time.monotonic() + wait
     while True:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
@@ -152,11 +180,15 @@ def locked(out: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = os.pread(fd, 20, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
+            if time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
             remove_empty(created)
             raise UserError(
-                f"--out: another nopelab process is writing {out}; wait for it or choose "
-                "another folder"
+                f"--out: another nopelab process is writing {out} (process {holder}); "
+                "wait for it or choose another folder"
             ) from None
         try:
             same = os.stat(lock).st_ino == os.fstat(fd).st_ino
@@ -167,6 +199,8 @@ def locked(out: Path) -> Iterator[None]:
         os.close(fd)  # the holder removed the file as we took it: lock the new one
     _held.add(lock)
     try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         _held.discard(lock)

@@ -4,12 +4,15 @@ The sweep folder holds ``grid.json`` (the grid it was started with), ``cells/KEY
 files, written all-or-nothing), ``results/KEY.parquet`` (each finished cell's rows: together a
 parquet dataset, ``pandas.read_parquet(FOLDER / "results")``) and ``failed/KEY.txt`` (the
 one-line error of a cell that failed). A cell counts as finished when its results file exists;
-a re-run skips finished cells and runs the others again.
+a re-run skips finished cells and runs the others again. What a stopped cell leaves (its hidden
+staging folder and lock file in ``cells/``) is removed once its worker has exited: when the sweep
+stops, and when it starts again after a kill.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import time
@@ -21,11 +24,19 @@ import pandas as pd
 
 from nopelab.errors import UserError, first_line
 from nopelab.runtime.device import progress_bar, say
-from nopelab.runtime.rundir import locked, replace_atomically, staged_run, write_json
+from nopelab.runtime.rundir import (
+    check_path,
+    locked,
+    replace_atomically,
+    staged_run,
+    write_json,
+)
 from nopelab.sweep.cluster import start_ray, worker_threads
 from nopelab.sweep.grid import Cell, Grid
 
 GRID_FILE = "grid.json"
+WORKERS_EXIT = 10.0  # seconds a stopped sweep waits for its cells' workers to exit
+LEFT_BEHIND = re.compile(r"\.([0-9a-f]{16})\.(?:lock|staging-[a-z0-9_]{8})")  # in cells/: KEY
 
 
 @dataclass(frozen=True)
@@ -87,11 +98,29 @@ def prepare(out: Path, grid: Grid) -> None:
             raise UserError(
                 f"--out: {out} holds a sweep of another grid; choose a new folder for this one"
             )
-        for stale in (out / "cells").glob(".*.staging-*"):  # cells a killed worker left
-            shutil.rmtree(stale, ignore_errors=True)
+        tidy_cells(out)
         return
     with staged_run(out, force=False, command="sweep") as staging:
         write_json(staging / GRID_FILE, record)
+
+
+def tidy_cells(out: Path, wait: float = 0.0) -> None:
+    """Remove the staging folders and lock files that stopped cells left in ``out/cells``,
+    waiting up to ``wait`` seconds in all for their workers to exit; a cell whose worker still
+    runs keeps them (it removes them itself, or the next run does)."""
+    left: dict[str, list[Path]] = {}
+    for path in (out / "cells").glob(".*"):
+        if found := LEFT_BEHIND.fullmatch(path.name):
+            left.setdefault(found[1], []).append(path)
+    deadline = time.monotonic() + wait
+    for key, paths in sorted(left.items()):
+        try:
+            with locked(out / "cells" / key, wait=max(0.0, deadline - time.monotonic())):
+                for path in paths:
+                    if path.is_dir():
+                        shutil.rmtree(path, ignore_errors=True)
+        except UserError:  # its worker has not exited yet
+            continue
 
 
 def _jsonable_grid(grid: Grid) -> dict[str, Any]:
@@ -104,7 +133,10 @@ def run_sweep(grid: Grid, out: Path, address: str | None = None) -> dict[str, in
     cells = grid.cells()
     if address is not None:
         check_address(address)
-    out = out.expanduser().resolve()
+    target = check_path(out)
+    if target.exists() and not target.is_dir():
+        raise UserError(f"--out: {out} exists and is not a directory")
+    out = target
     with locked(out):
         prepare(out, grid)
         done_before = finished(out)
@@ -156,6 +188,7 @@ def _run_on_ray(
                         )
     finally:
         ray.shutdown()  # stops the cells still running (cancelling them races in Ray)
+        tidy_cells(out, wait=WORKERS_EXIT)
 
 
 def _outcome(ref: Any, cell: Cell, out: Path) -> Outcome:

@@ -22,8 +22,9 @@ threads_per_cell = 1                 # torch threads inside a cell
 gpus_per_cell = 0
 ```
 
-Every cell is validated (built into the config dataclasses) before anything is written; its
-key is a hash of its resolved settings, so the same cell always has the same folder.
+A grid has at most :data:`MAX_CELLS` cells, counted from the lengths of its axes before any cell
+is built. Every cell is validated (built into the config dataclasses) before anything is written;
+its key is a hash of its resolved settings, so the same cell always has the same folder.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {  # command -> the sections it takes
     "train+analyze": ("task", "corpus", "model", "train", "analysis"),
 }
 KEYS = ("command", "seeds", "base", "axes", "zip", "resources")
+MAX_CELLS = 10_000  # cells in one grid: checking each takes milliseconds, running it far longer
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,13 @@ class Grid:
     zipped: dict[str, list[Any]]
     seeds: tuple[int, ...] | None
     resources: Resources
+
+    @property
+    def size(self) -> int:
+        """How many cells the grid has, from the lengths of its axes (no cell is built)."""
+        zipped = len(next(iter(self.zipped.values()))) if self.zipped else 1
+        crossed = math.prod(len(values) for values in self.axes.values())
+        return zipped * crossed * len(self.seeds or (None,))
 
     def cells(self) -> list[Cell]:
         """Every cell, validated: a bad value is a one-line error naming where it came from."""
@@ -210,10 +219,12 @@ def read_grid(path: Path) -> Grid:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UserError(f"GRID: {path}: not valid TOML: {exc}") from None
-    return parse_grid(data)
+    return parse_grid(data, name=f"GRID: {path}")
 
 
-def parse_grid(data: dict[str, Any]) -> Grid:
+def parse_grid(data: dict[str, Any], name: str = "grid") -> Grid:
+    """Check a grid's tables and build every cell; errors name the field, or ``name`` (how the
+    user gave the grid) for a grid of more than :data:`MAX_CELLS` cells."""
     for key in data:
         if key not in KEYS:
             raise ConfigError(key, f"unknown key; allowed: {', '.join(KEYS)}")
@@ -252,6 +263,10 @@ def parse_grid(data: dict[str, Any]) -> Grid:
         seeds=tuple(seeds) if seeds is not None else None,
         resources=Resources(**resources),
     )
+    if grid.size > MAX_CELLS:
+        raise UserError(
+            f"{name}: {grid.size:,} cells; a sweep takes at most {MAX_CELLS:,}: split the grid"
+        )
     keys = [cell.key for cell in grid.cells()]  # validates every cell
     if len(set(keys)) != len(keys):
         raise ConfigError("axes", "two cells have the same settings; remove the repeated value")
