@@ -126,17 +126,23 @@ def choices_of(hint: Any) -> tuple[str, ...] | None:
 
 def _as_list_fields(obj: Any) -> None:
     """Turn every tuple setting given as a list (config files, JSON) into a tuple."""
-    hints = get_type_hints(type(obj))
+    hints = _type_hints(type(obj))
     for f in dataclasses.fields(obj):
         if get_origin(without_none(hints[f.name])[0]) is tuple:
             object.__setattr__(obj, f.name, _as_tuple(f.name, getattr(obj, f.name)))
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A settings class's resolved field types (resolving them is slow; classes do not change)."""
+    return get_type_hints(cls)
 
 
 def check_types(obj: Any) -> None:
     """Reject values of the wrong type (a string where an int belongs) or outside a
     ``Literal``'s choices; tuple settings given as lists become tuples."""
     _as_list_fields(obj)
-    hints = get_type_hints(type(obj))
+    hints = _type_hints(type(obj))
     for f in dataclasses.fields(obj):
         value, (hint, optional) = getattr(obj, f.name), without_none(hints[f.name])
         if value is None and optional:
