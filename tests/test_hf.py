@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import shutil
 from operator import attrgetter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -246,8 +249,10 @@ def test_loading_errors(tmp_path, llama_dir, monkeypatch):
         load.locate(str(fake))
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + bytes(64))
-    with pytest.raises(ConfigError, match=r"^model: transformers cannot read"):
+    with pytest.raises(ConfigError, match=r"^model: .*broken.gguf is truncated or damaged"):
         load.load_model(str(broken))
+    with pytest.raises(ConfigError, match="hf: needs a path after it"):
+        load.locate("")
 
     remote = tmp_path / "remote"
     remote.mkdir()
@@ -277,6 +282,61 @@ def test_loading_errors(tmp_path, llama_dir, monkeypatch):
     with pytest.raises(UserError, match=r"^--seq-len or --sites: analysing needs about"):
         load.load_run(str(llama_dir), tokens)
     load.load_run(str(llama_dir), tokens, statistics=False)  # probes reduce no statistics
+
+
+def _gguf(path: Path) -> bytes:
+    """A small, complete GGUF file of a llama's metadata and one tensor; returns its bytes."""
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_context_length(64)
+    writer.add_embedding_length(16)
+    writer.add_feed_forward_length(32)
+    writer.add_head_count(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tensor("token_embd.weight", np.ones((32, 16), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path.read_bytes()
+
+
+def test_a_truncated_gguf_is_one_line_naming_it(tmp_path):
+    whole = _gguf(tmp_path / "whole.gguf")
+    assert load.parameter_count(load.locate(str(tmp_path / "whole.gguf"))) == 32 * 16
+    cut = tmp_path / "cut.gguf"
+    # cuts in the header, the metadata, and the tensor data (its last 2048 bytes)
+    for size in (8, 40, 200, len(whole) - 1024, len(whole) - 1):
+        cut.write_bytes(whole[:size])
+        with pytest.raises(ConfigError, match=rf"^model: {re.escape(str(cut))} is truncated or"):
+            load.load_model(str(cut))
+
+
+def test_cli_refuses_a_truncated_gguf(tmp_path, capsys, monkeypatch):
+    trunc = tmp_path / "trunc.gguf"
+    trunc.write_bytes(_gguf(tmp_path / "whole.gguf")[:200])
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert run_cli(["analyze", "hf:trunc.gguf", "--out", str(out)], monkeypatch) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("nopelab: error: model: trunc.gguf is truncated or damaged"), err
+    assert "Traceback" not in captured.out + captured.err
+    assert not out.exists()
+
+
+def test_truncated_safetensors_are_one_line_naming_them(tmp_path, llama_dir):
+    folder = tmp_path / "llama"
+    shutil.copytree(llama_dir, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(
+        ConfigError, match=rf"^model: {re.escape(str(weights))} is truncated or damaged"
+    ):
+        load.load_model(str(folder))
 
 
 def test_cli_analyze_hf(tmp_path, llama_dir, monkeypatch):

@@ -22,7 +22,7 @@ from nopelab.config import (
     ProbeConfig,
     TrainConfig,
 )
-from nopelab.errors import ConfigError
+from nopelab.errors import ConfigError, UserError
 from nopelab.models.transformer import Transformer
 from nopelab.probing.features import collect
 from nopelab.probing.interventions import (
@@ -333,6 +333,15 @@ def test_an_impossible_layer_fails_before_any_work(trained: Path) -> None:
         run_interventions(trained, InterventionConfig(layers=(3,)), FAST, ANALYSIS)
     with pytest.raises(ConfigError, match="embed"):
         run_interventions(trained, InterventionConfig(site="embed", layers=(1,)), FAST, ANALYSIS)
+
+
+def test_a_fit_set_beyond_the_memory_is_refused_before_any_work(trained: Path, monkeypatch) -> None:
+    def no_work(*args, **kwargs):
+        raise AssertionError("the data were read before the memory check")
+
+    monkeypatch.setattr("nopelab.probing.interventions.make_source", no_work)
+    with pytest.raises(UserError, match=r"^--fit-samples or --seq-len: intervening needs about"):
+        run_interventions(trained, InterventionConfig(fit_samples=10**8), FAST, ANALYSIS)
 
 
 def test_a_text_run_is_judged_by_its_loss(tmp_path: Path) -> None:

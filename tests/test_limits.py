@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import nopelab.limits as limits
 from conftest import run_cli
-from nopelab.config import AnalysisConfig, ModelConfig
+from nopelab.config import AnalysisConfig, InterventionConfig, ModelConfig
 from nopelab.errors import UserError
 from nopelab.models.transformer import Transformer
 
@@ -110,3 +112,63 @@ def test_a_bpe_larger_than_its_corpus_allows_is_refused(
     assert err == "nopelab: error: --bpe-vocab: a corpus of 70 bytes yields at most 326 BPE " \
         "tokens, got 400"  # fmt: skip
     assert not (tmp_path / "o").exists()
+
+
+def _intervention_parts(monkeypatch: pytest.MonkeyPatch, **fields: object) -> dict[str, int]:
+    parts: dict[str, int] = {}
+    monkeypatch.setattr(
+        limits, "_check", lambda doing, p: parts.update({k: size for k, (size, _) in p.items()})
+    )
+    model = ModelConfig(d_model=32, n_layers=2, n_heads=2)
+    limits.check_interventions(model, InterventionConfig(**fields), 64, 2, memory_gb=4.0)
+    return parts
+
+
+def test_intervention_estimates_grow_with_what_they_count(monkeypatch) -> None:
+    small = _intervention_parts(monkeypatch, fit_samples=64)
+    double = _intervention_parts(monkeypatch, fit_samples=128)
+    assert double == {name: 2 * size for name, size in small.items()}
+    scalar = _intervention_parts(monkeypatch, fit_samples=64, concept="scalar")
+    assert scalar["fitting of an edit"] < small["fitting of an edit"]  # 1 class, not 64
+    norms = _intervention_parts(monkeypatch, interventions=("equalize-norm", "shuffle-norm"))
+    assert norms["fitting of an edit"] < scalar["fitting of an edit"]
+    beyond = _intervention_parts(monkeypatch, fit_samples=10**6)
+    assert beyond["fit set"] == 0  # beyond --memory-gb the fit set is memory-mapped
+
+
+@pytest.mark.parametrize(
+    ("name", "concept"),
+    [("leace", "onehot"), ("leace-rotated", "scalar"), ("shuffle-norm", "onehot")],
+)
+def test_the_fitting_estimate_is_the_measured_peak(name: str, concept: str, monkeypatch) -> None:
+    """The peak resident memory of fitting one edit on 1024 x 64 tokens of width 32, measured
+    in a fresh process (Linux: the peak is reset before the fit), against the estimate."""
+    code = (
+        "import re, torch\n"
+        "from nopelab.probing.interventions import fit_intervention\n"
+        "status = lambda key: int(re.search(key + r':\\s+(\\d+)', "
+        "open('/proc/self/status').read()).group(1)) * 1024\n"
+        "acts = torch.randn(1024, 64, 32)\n"
+        "open('/proc/self/clear_refs', 'w').write('5')\n"
+        "before = status('VmRSS')\n"
+        f"fit_intervention({name!r}, acts, {concept!r})\n"
+        "print(status('VmHWM') - before)\n"
+    )
+    measured = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  check=True).stdout)  # fmt: skip
+    parts = _intervention_parts(
+        monkeypatch, fit_samples=1024, interventions=(name,), concept=concept
+    )
+    assert 0.85 < parts["fitting of an edit"] / measured < 1.15
+
+
+def test_an_intervention_that_cannot_fit_is_refused(
+    finished_run: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    out = tmp_path / "o"
+    args = ["intervene", str(finished_run), "--fit-samples", "100000000", "--out", str(out)]
+    assert run_cli(args, monkeypatch) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("nopelab: error: --fit-samples or --seq-len: intervening needs about")
+    assert not out.exists()

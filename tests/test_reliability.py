@@ -40,6 +40,7 @@ BAD_INPUT = {
         ("RUN --out RUN --force", "--out:"),
         ("RUN --out RUN/inside", "--out:"),
         ("no/such/run", "run: no/such/run has no config.json"),
+        ("hf:", "model: hf: needs a path after it"),
         ("--out .", "--out:"),
         ("--out ''", "--out:"),
         ("--out /proc/nopelab", "--out: /proc is not writable"),
@@ -86,6 +87,12 @@ BAD_INPUT = {
         ("--corpus default --tokenizer bpe --bpe-vocab 100", "--bpe-vocab: must be in 257.."),
         ("--task copy --resume --force --out o", "--resume and --force"),
         ("--resume --out RUN", "--resume: the run in"),  # it has finished
+        ("--resume --out RUN --steps 1 --device auto", "finished; pass a larger --steps"),
+        (
+            "--task add --pos-encoding learned --max-seq-len 16",
+            "--max-seq-len: the learned position table must cover the training context of 256",
+        ),
+        ("--corpus default --tokenizer bpe --bpe-vocab 0", "--bpe-vocab: must be in 257.."),
     ],
     "probe": [
         ("--probes svm", "--probes: unknown value 'svm'"),
@@ -106,6 +113,7 @@ BAD_INPUT = {
         ("RUN --at-layers 9", "--at-layers: the model has no layer 9"),
         ("RUN --concept color", "--concept: unknown value 'color'"),
         ("RUN --fit-samples 0", "--fit-samples: must be > 0"),
+        ("RUN --fit-samples 100000000", "--fit-samples or --seq-len: intervening needs about"),
         ("RUN --site qkv", "--site: unknown value 'qkv'"),
         ("no/such/run", "run: no/such/run has no config.json"),
     ],

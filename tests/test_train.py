@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import itertools
 import json
@@ -26,7 +27,9 @@ from nopelab.errors import UserError
 from nopelab.models.transformer import Transformer
 from nopelab.training.checkpoint import (
     MODEL_FILE,
+    OPTIMIZER_FILE,
     CheckpointError,
+    checkpoint_bytes,
     load_checkpoint,
     save_checkpoint,
 )
@@ -99,6 +102,8 @@ def test_checkpoint_round_trip_is_bit_exact(tmp_path: Path) -> None:
             assert torch.equal(value, new["state"][index][key]), (index, key)
     assert "lm_head.weight" not in load_file(tmp_path / "model.safetensors")  # stored once
     assert not list(tmp_path.glob(".*.tmp"))
+    files = sum((tmp_path / name).stat().st_size for name in (MODEL_FILE, OPTIMIZER_FILE))
+    assert 0 < files - checkpoint_bytes(model, optimizer) < 2**16  # the headers
 
 
 def test_damaged_checkpoints_are_caught(tmp_path: Path) -> None:
@@ -577,6 +582,113 @@ def test_resume_from_the_command_line(tmp_path: Path, capsys, monkeypatch) -> No
     train(run, out, progress=False, stop_after=3)
     assert run_cli(["train", "--resume", "--out", str(out), "--lr", "0.1"], monkeypatch) == 2
     assert "train.lr is 0.1 but the run was started with 0.003" in capsys.readouterr().err
+
+
+def test_resume_runs_on_another_device(tmp_path: Path, capsys, monkeypatch) -> None:
+    out = tmp_path / "run"
+    run = tiny_run(steps=6)
+    started = dataclasses.replace(run, train=dataclasses.replace(run.train, device="auto"))
+    train(started, out, progress=False, stop_after=2)
+    assert run_cli(["train", "--resume", "--out", str(out), "--device", "cpu"], monkeypatch) == 0
+    assert json.loads((out / "trainer_state.json").read_text())["step"] == 6
+    assert read_run(out).train.device == "auto"  # what the run was started with
+    assert json.loads((out / "summary.json").read_text())["device"] == "cpu"  # where it ended
+
+
+def test_a_run_trains_further_with_more_steps(tmp_path: Path, capsys, monkeypatch) -> None:
+    out = tmp_path / "run"
+    run = tiny_run(steps=4, checkpoint_every=2)
+    train(run, out, progress=False)
+    first = pd.read_csv(out / "metrics.csv").drop(columns="tokens_per_second")
+    for steps in ("4", "3"):
+        assert run_cli(["train", "--resume", "--out", str(out), "--steps", steps], monkeypatch) == 2
+        assert "already finished; pass a larger --steps" in capsys.readouterr().err
+
+    assert run_cli(["train", "--resume", "--out", str(out), "--steps", "6"], monkeypatch) == 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == 6  # rewritten
+    assert read_run(out).train.steps == 6
+    metrics = pd.read_csv(out / "metrics.csv").drop(columns="tokens_per_second")
+    assert list(metrics["step"]) == list(range(1, 7))
+    pd.testing.assert_frame_equal(metrics[:4], first)  # the first four steps are kept
+    longer = dataclasses.replace(run.train, steps=6)
+    expected = [learning_rate(longer, step) for step in (4, 5)]  # the schedule of the new total
+    assert metrics["lr"][4:].tolist() == pytest.approx(expected)
+    capsys.readouterr()
+
+    # stopped on its way to 8 steps: unfinished, its config says where it goes
+    eight = dataclasses.replace(run, train=dataclasses.replace(run.train, steps=8))
+    assert train(eight, out, resume=True, progress=False, stop_after=7) is None
+    assert not (out / "summary.json").exists() and read_run(out).train.steps == 8
+    assert run_cli(["train", "--resume", "--out", str(out), "--steps", "5"], monkeypatch) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--steps: the checkpoint in" in err, err
+    assert "is at step 7; allowed: >= 7, got 5" in err, err
+    assert run_cli(["train", "--resume", "--out", str(out)], monkeypatch) == 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == 8
+    assert json.loads((out / "trainer_state.json").read_text())["step"] == 8
+
+
+COPY_ARGS = ["train", "--task", "copy", "--max-len", "5", "--train-size", "200", "--test-size",
+             "10", *TINY_TRAIN, "--checkpoint-every", "2"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fails_at", "kept"),
+    [(1, "no checkpoint yet: nothing was kept"), (3, "the checkpoint of step 2 is kept")],
+)
+def test_a_full_disk_names_the_folder_and_the_space_a_checkpoint_needs(
+    fails_at: int, kept: str, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    from safetensors import SafetensorError
+
+    from nopelab.training import checkpoint
+
+    real, calls = checkpoint.save_file, []
+
+    def fill_up(tensors, path, **kwargs):  # what safetensors raises on a full disk
+        calls.append(path)
+        if len(calls) >= fails_at:
+            raise SafetensorError(
+                "Error while serializing: I/O error: No space left on device (os error 28)"
+            )
+        real(tensors, path, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save_file", fill_up)
+    out = tmp_path / "run"
+    assert run_cli([*COPY_ARGS, "--out", str(out)], monkeypatch) == 1
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()[-1]  # after a line per evaluation
+    assert err.startswith(
+        f"nopelab: error: No space left on device while writing the checkpoint into {out}: "
+        "it needs about "
+    ), err
+    assert "is free; " in err and err.endswith(kept), err
+    assert "Traceback" not in captured.err
+    if fails_at == 1:
+        assert not out.exists()
+    else:
+        assert json.loads((out / "trainer_state.json").read_text())["step"] == 2
+        assert not list(out.glob(".*.tmp"))
+
+
+def test_a_full_disk_while_writing_the_logs_keeps_the_checkpoint(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import nopelab.training.train as training
+
+    def full(log) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(log.path))
+
+    monkeypatch.setattr(training.Log, "flush", full)
+    out = tmp_path / "run"
+    assert run_cli([*COPY_ARGS, "--out", str(out)], monkeypatch) == 1
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()[-1]
+    assert err == (
+        f"nopelab: error: No space left on device while writing {out / 'metrics.csv'}; "
+        "the checkpoint of step 2 is kept"
+    ), err
+    assert "Traceback" not in captured.err
 
 
 @pytest.mark.parametrize(

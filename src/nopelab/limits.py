@@ -1,5 +1,5 @@
-"""Memory budgets, checked before any work starts: what a model, its training, its statistics or
-a BPE tokenizer would need, against what the machine has.
+"""Memory budgets, checked before any work starts: what a model, its training, its statistics,
+the fitting of interventions or a BPE tokenizer would need, against what the machine has.
 
 The estimates count the large terms (weights, optimiser state, the activations of one batch, the
 T x T statistics of every site), with constants measured as peak resident memory on our CPU
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nopelab.config import AnalysisConfig, ModelConfig
+from nopelab.config import AnalysisConfig, InterventionConfig, ModelConfig
 from nopelab.errors import ConfigError, UserError
 
 GIB = 2**30
@@ -122,21 +122,62 @@ def check_tokenizer(text_bytes: int, vocab_size: int) -> None:
     _check("training the BPE", {"corpus": (16 * text_bytes, "--corpus (a smaller one)")})
 
 
+def check_interventions(
+    cfg: ModelConfig,
+    intervention: InterventionConfig,
+    seq_len: int,
+    layers: int,
+    memory_gb: float,
+) -> None:
+    """Refuse interventions whose fit set or whose fitting of one edit would not fit.
+
+    The fit set holds ``fit_samples`` sequences of ``seq_len`` float32 activations for each of
+    the ``layers`` edited (in memory up to ``memory_gb``, memory-mapped beyond); fitting the
+    most demanding edit is :func:`fitting_bytes` per token.
+    """
+    tokens = intervention.fit_samples * seq_len
+    kept = 4 * tokens * cfg.d_model * layers
+    if kept > memory_gb * GIB:
+        kept = 0  # memory-mapped files
+    classes = seq_len if intervention.concept == "onehot" else 1
+    per_token = max(
+        fitting_bytes(name, cfg.d_model, classes) for name in intervention.interventions
+    )
+    _check(
+        "intervening",
+        {
+            "fit set": (kept, "--fit-samples or --at-layers"),
+            "fitting of an edit": (tokens * per_token, "--fit-samples or --seq-len"),
+        },
+    )
+
+
+def fitting_bytes(name: str, width: int, classes: int) -> int:
+    """Peak bytes per token of fitting intervention ``name`` on activations ``width`` wide,
+    measured as peak resident memory: the norm edits hold a float64 copy of them; LEACE also
+    two centred copies, and ``classes`` position labels as integers, as floats and centred
+    twice; ``leace-rotated`` makes one more float64 copy."""
+    if not name.startswith("leace"):
+        return 8 * width + 64
+    return (32 if name == "leace-rotated" else 24) * width + 32 * classes + 128
+
+
 def _check(doing: str, parts: dict[str, tuple[int, str]]) -> None:
     need = sum(size for size, _ in parts.values())  # MemAvailable excludes what is loaded
     have = available_memory()
     if need <= have:
         return
     name, (_, flags) = max(parts.items(), key=lambda item: item[1][0])
-    shown = ", ".join(f"{part} {_size(size)}" for part, (size, _) in parts.items())
+    shown = ", ".join(f"{part} {size_text(size)}" for part, (size, _) in parts.items())
     raise UserError(
-        f"{flags}: {doing} needs about {_size(need)} of memory, mostly for the {name} ({shown}); "
-        f"{_size(have)} is available"
+        f"{flags}: {doing} needs about {size_text(need)} of memory, mostly for the {name} ({shown}); "
+        f"{size_text(have)} is available"
     )
 
 
-def _size(size: int) -> str:
+def size_text(size: int) -> str:
+    """A size in bytes as people read it: ``1.5 GiB``, ``12 MiB``, ``40 KiB``."""
     for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", GIB)):
         if size >= scale:
             return f"{size / scale:.1f} {unit}"
-    return f"{size / 2**20:.0f} MiB"
+    return f"{size / 2**20:.0f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"

@@ -29,7 +29,12 @@ def train(
     out: Out = None,
     resume: Annotated[
         bool,
-        typer.Option(help="Continue the run in --out from its checkpoint", rich_help_panel=OUTPUT),
+        typer.Option(
+            help="Continue the run in --out from its checkpoint, on any --device; a larger "
+            "--steps trains a run, finished or not, up to that total (the learning rate then "
+            "follows the schedule of the new total)",
+            rich_help_panel=OUTPUT,
+        ),
     ] = False,
     tensorboard: Annotated[
         bool,
@@ -43,7 +48,8 @@ def train(
     given: Given,
 ) -> None:
     """Train a model on a synthetic task (--task) or on text (--corpus); torchrun runs it data-parallel."""
-    from nopelab.config import read_config_file
+    from nopelab.config import build, read_config_file
+    from nopelab.runtime.rundir import is_disk_full
     from nopelab.training.train import TrainRun, data_vocab_size, read_run
     from nopelab.training.train import train as run_training
 
@@ -74,10 +80,11 @@ def train(
             raise UserError(f"{flag}: only applies when training on a {section}, not a {other}")
     given.lay_over(data, "model")
     if not resume and "vocab_size" not in data["model"]:
+        if "corpus" in data:  # its own errors first: the vocabulary is derived from it
+            build(CorpusConfig, data["corpus"], "config.corpus")
         data["model"]["vocab_size"] = data_vocab_size(data)
     padded = isinstance(data.get("task"), dict) and data["task"].get("layout") == "padded"
     if not resume and padded and "seq_len" not in given.section("train") | data.get("train", {}):
-        from nopelab.config import build
         from nopelab.training.tasks import max_line_len
 
         # one line per row: a longer context would only add padding
@@ -94,6 +101,13 @@ def train(
         sys.exit(130)
     except RunFailed as exc:
         typer.echo(f"nopelab: error: {exc}; {_kept_checkpoint(out, hint=False)}", err=True)
+        sys.exit(1)
+    except OSError as exc:  # a full disk while writing the logs or the summary
+        if not is_disk_full(exc):
+            raise
+        where = f" while writing {exc.filename}" if exc.filename else ""
+        kept = _kept_checkpoint(out, hint=False)
+        typer.echo(f"nopelab: error: {exc.strerror}{where}; {kept}", err=True)
         sys.exit(1)
     if summary is not None and int(os.environ.get("RANK", "0")) == 0:
         typer.echo(

@@ -6,13 +6,14 @@ check that can fail for a user's reason runs before the weights are read and end
 :class:`~nopelab.errors.ConfigError`: a missing path, a folder that is not a model, remote code
 without ``--trust-remote-code``, an architecture without a site mapping (or without the
 requested ``attn_heads``), a model that would not fit in the memory available, a GGUF file
-transformers cannot read.
+transformers cannot read, a weights file that is truncated or damaged.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,10 @@ class ModelFiles:
 
 def locate(path: str) -> ModelFiles:
     """Check that ``path`` is a model folder or a GGUF file."""
+    if not path:
+        raise ConfigError(
+            FIELD, "hf: needs a path after it: hf:PATH, a model folder or a .gguf file"
+        )
     p = Path(path).expanduser()
     if not p.exists():
         raise ConfigError(FIELD, f"{path} does not exist; give a model folder or a .gguf file")
@@ -87,7 +92,11 @@ def read_config(files: ModelFiles, trust_remote_code: bool) -> Any:
         return AutoConfig.from_pretrained(
             files.folder, trust_remote_code=trust_remote_code, **files.extra
         )
+    except struct.error as e:  # transformers' GGUF metadata reader, on a file that ends early
+        raise _damaged(files, e) from None
     except (OSError, ValueError, KeyError, RuntimeError) as e:
+        if files.gguf_file:
+            parameter_count(files)  # a file the GGUF reader cannot parse: truncated or damaged
         raise ConfigError(
             FIELD, f"transformers cannot read {_name(files)}: {_first_line(e)}"
         ) from None
@@ -98,15 +107,21 @@ def parameter_count(files: ModelFiles) -> int:
     if files.gguf_file:
         from gguf import GGUFReader
 
-        reader = GGUFReader(files.folder / files.gguf_file)
-        return sum(int(t.n_elements) for t in reader.tensors)
-    from safetensors import safe_open
+        try:
+            reader = GGUFReader(files.folder / files.gguf_file)
+            return sum(int(t.n_elements) for t in reader.tensors)
+        except (OSError, ValueError, IndexError, KeyError, struct.error) as e:
+            raise _damaged(files, e) from None
+    from safetensors import SafetensorError, safe_open
 
     total = 0
     for path in files.folder.glob("*.safetensors"):
-        with safe_open(path, framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                total += int(np.prod(f.get_slice(key).get_shape()))
+        try:
+            with safe_open(path, framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    total += int(np.prod(f.get_slice(key).get_shape()))
+        except (OSError, SafetensorError) as e:
+            raise ConfigError(FIELD, f"{path} is truncated or damaged ({_first_line(e)})") from None
     if total == 0:  # other weight formats: assume two bytes per parameter
         total = sum(p.stat().st_size for p in files.folder.glob("*.bin")) // 2
     return total
@@ -262,6 +277,10 @@ def load_run(
 
 def _name(files: ModelFiles) -> str:
     return str(files.folder / files.gguf_file) if files.gguf_file else str(files.folder)
+
+
+def _damaged(files: ModelFiles, error: Exception) -> ConfigError:
+    return ConfigError(FIELD, f"{_name(files)} is truncated or damaged ({_first_line(error)})")
 
 
 def _first_line(error: Exception) -> str:

@@ -57,6 +57,7 @@ from nopelab.config import (
     ProbeConfig,
 )
 from nopelab.errors import ConfigError
+from nopelab.limits import check_interventions
 from nopelab.measure.analysis import input_batches
 from nopelab.measure.capture import SiteKey, site_modules
 from nopelab.measure.report import environment, markdown_table
@@ -221,7 +222,8 @@ def run_interventions(
     gives the probes, feature sets and seeds (its ``layers`` are ignored: probes sit at the
     intervened site and at the last layer's ``resid_post``). The behaviour is the run's own
     evaluation on at most ``cfg.eval_samples`` test examples (task) or ``eval_tokens`` held-out
-    tokens per length (text).
+    tokens per length (text). Interventions whose fitting would not fit in memory are refused
+    first (:func:`~nopelab.limits.check_interventions`).
 
     Returns one row per layer and intervention, plus an unmodified row (``intervention`` none):
     ``layer``, ``site``, ``intervention``, ``control_of``, ``concept``, ``size`` (mean
@@ -238,6 +240,7 @@ def run_interventions(
     layers = cfg.layers or ((0,) if cfg.site == "embed" else tuple(range(1, L + 1)))
     for layer in layers:
         check_place(run.model, cfg.site, layer)
+    check_interventions(run.model, cfg, analysis.seq_len, len(layers), probe.memory_gb)
     device = resolve_device(analysis.device)
     model = model.to(device=device, dtype=getattr(torch, analysis.dtype)).eval()
     small = dataclasses.replace(

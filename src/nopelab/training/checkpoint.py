@@ -7,12 +7,18 @@ A training run directory holds one checkpoint, written as a set:
   file's metadata;
 * ``trainer_state.json`` — the step reached and the SHA-256 of both files, written last, so a
   file that was truncated, corrupted or swapped by an interrupted save is caught on load.
+
+A full disk while saving stops the run in one line (:class:`~nopelab.errors.RunFailed`) that
+names the folder and the space a checkpoint needs; the previous checkpoint stays.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +27,14 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from nopelab.errors import UserError, first_line
-from nopelab.runtime.rundir import replaced_together
+from nopelab.errors import RunFailed, UserError, first_line
+from nopelab.limits import size_text
+from nopelab.runtime.rundir import is_disk_full, replaced_together
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "trainer_state.json"
+OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors reports a failed write
 
 
 class CheckpointError(UserError):
@@ -135,17 +143,47 @@ def save_checkpoint(
 ) -> None:
     """Write weights, optimiser state and ``trainer_state.json`` with both files' hashes; the
     three replace the previous checkpoint only once all are written (a full disk or an
-    interrupt keeps the previous one)."""
+    interrupt keeps the previous one). A full disk raises :class:`~nopelab.errors.RunFailed`."""
     paths = [out / MODEL_FILE, out / OPTIMIZER_FILE, out / STATE_FILE]
-    with replaced_together(paths) as (model_tmp, optimizer_tmp, state_tmp):
-        save_model(model, model_tmp)
-        save_optimizer(optimizer, optimizer_tmp)
-        record = {
-            **state,
-            "model_sha256": sha256(model_tmp),
-            "optimizer_sha256": sha256(optimizer_tmp),
-        }
-        state_tmp.write_text(json.dumps(record, indent=2))
+    try:
+        with replaced_together(paths) as (model_tmp, optimizer_tmp, state_tmp):
+            save_model(model, model_tmp)
+            save_optimizer(optimizer, optimizer_tmp)
+            record = {
+                **state,
+                "model_sha256": sha256(model_tmp),
+                "optimizer_sha256": sha256(optimizer_tmp),
+            }
+            state_tmp.write_text(json.dumps(record, indent=2))
+    except (OSError, SafetensorError) as exc:
+        error = _os_error(exc)
+        if error is None or not is_disk_full(error):
+            raise
+        raise RunFailed(
+            f"{error.strerror} while writing the checkpoint into {out}: it needs about "
+            f"{size_text(checkpoint_bytes(model, optimizer))}, "
+            f"{size_text(shutil.disk_usage(out).free)} is free"
+        ) from None
+
+
+def checkpoint_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """The size of the tensors a checkpoint of ``model`` and ``optimizer`` holds."""
+    tensors = [
+        *model_tensors(model).values(),
+        *(v for entries in optimizer.state_dict()["state"].values() for v in entries.values()),
+    ]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _os_error(exc: Exception) -> OSError | None:
+    """``exc`` as an ``OSError``: safetensors reports one only in its message."""
+    if isinstance(exc, OSError):
+        return exc
+    match = OS_ERROR.search(str(exc))
+    if match is None:
+        return None
+    code = int(match.group(1))
+    return OSError(code, os.strerror(code))
 
 
 def read_state(out: Path) -> dict[str, Any]:

@@ -97,15 +97,16 @@ class TaskSource:
                 f"tasks use a {self.vocab_size}-character vocabulary, got {model.vocab_size}",
             )
         longest = tasks.max_line_len(self.cfg)
-        if model.pos_encoding == "learned" and longest > model.max_seq_len:
-            raise ConfigError(
-                "max_seq_len",
-                f"test lines reach {longest} characters, beyond the learned table ({model.max_seq_len})",
-            )
         if longest > seq_len:
             raise ConfigError(
                 "seq_len",
                 f"must hold a whole line of the task ({longest} characters), got {seq_len}",
+            )
+        if model.pos_encoding == "learned" and seq_len > model.max_seq_len:
+            raise ConfigError(
+                "max_seq_len",
+                f"the learned position table must cover the training context of {seq_len} "
+                f"tokens (--seq-len); allowed: >= {seq_len}, got {model.max_seq_len}",
             )
         for split, rows in self.rows.items():  # windows need that many characters of lines
             if isinstance(rows, tasks.LineStream) and len(rows.tokens) < seq_len + 1:
