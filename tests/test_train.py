@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -802,3 +803,35 @@ def test_init_from_starts_from_the_weights_of_another_run(
         same = all(torch.allclose(ours[k], theirs[k], atol=1e-9, rtol=0) for k in theirs)
         assert same == expect_same
         assert read_run(out).train.init_from == init_from  # config.json says where it started
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("again", [[], ["--resume"]])
+def test_a_run_killed_before_its_first_checkpoint_starts_again_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, again: list[str]
+) -> None:
+    """SIGKILL leaves the run's settings and no checkpoint: the same command, or --resume,
+    starts it again in that folder without --force."""
+    out = tmp_path / "run"
+    args = ["train", "--task", "copy", "--layers", "1", "--d-model", "16", "--heads", "2",
+            "--seq-len", "64", "--batch-size", "4", "--out", str(out)]  # fmt: skip
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "nopelab", *args, "--steps", "1000000",
+         "--checkpoint-every", "1000000", "--eval-every", "1000000"],
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (out / "config.json").is_file() and time.monotonic() < deadline:
+        assert killed.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.5)  # training has started
+    killed.kill()
+    killed.wait()
+    assert (out / "config.json").is_file() and not (out / "trainer_state.json").exists()
+    if again == ["--resume"]:  # the stored settings: a million steps; shorten them
+        assert run_cli(["train", *again, "--out", str(out), "--steps", "3"], monkeypatch) == 0
+    else:
+        assert run_cli([*args, "--steps", "3"], monkeypatch) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 3
+    assert json.loads((out / "config.json").read_text())["train"]["steps"] == 3

@@ -50,7 +50,9 @@ from nopelab.models.transformer import Transformer
 from nopelab.plots import training_curves
 from nopelab.runtime.device import progress_bar, resolve_device
 from nopelab.runtime.rundir import (
+    RUN_MARKER,
     check_out,
+    check_path,
     locked,
     missing_folders,
     remove_empty,
@@ -319,6 +321,17 @@ def prepare_out(out: Path, resume: bool, force: bool, steps: int | None = None) 
     return False
 
 
+def stopped_before_checkpoint(out: Path) -> bool:
+    """Whether ``out`` holds a training run that was killed before its first checkpoint (its
+    settings written, no checkpoint, no summary): such a folder holds nothing to keep."""
+    return (
+        (out / RUN_MARKER).is_file()
+        and (out / CONFIG_FILE).is_file()
+        and not (out / STATE_FILE).is_file()
+        and not (out / "summary.json").is_file()
+    )
+
+
 # ------------------------------------------------------------------------ training
 
 
@@ -343,10 +356,13 @@ def train(
     line per evaluation).
     """
     check_training(run.model, run.train.batch_size, run.train.seq_len)
+    check_path(out)
     out = out.expanduser().absolute()
     summary_writer = _summary_writer_class() if tensorboard else None
     device = _setup_processes(run.train.device)
     main_process = rank() == 0
+    if stopped_before_checkpoint(out):  # nothing to keep: start it again in place
+        resume, force = False, True
     resume = prepare_out(out, resume, force, run.train.steps)
     if not resume and run.train.init_from is not None:
         check_init_from(run, out)
@@ -361,11 +377,11 @@ def train(
                 difference = _first_difference(stored, run)
                 if difference is not None:
                     raise UserError(f"--resume: {difference}")
-                reached = read_state(out)["step"]
-                if run.train.steps != stored.train.steps and run.train.steps < reached:
+                at_step = read_state(out)["step"]
+                if run.train.steps != stored.train.steps and run.train.steps < at_step:
                     raise UserError(
-                        f"--steps: the checkpoint in {out} is at step {reached}; allowed: "
-                        f">= {reached}, got {run.train.steps}"
+                        f"--steps: the checkpoint in {out} is at step {at_step}; allowed: "
+                        f">= {at_step}, got {run.train.steps}"
                     )
                 _check_state(out, run.train.steps)
             source = make_source(run, out if resume else None)
