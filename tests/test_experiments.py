@@ -162,7 +162,7 @@ def test_zuo2025_trained_smoke_interrupted_and_resumed(
         config = json.loads((out / "runs" / f"wherex-{pe}" / "config.json").read_text())
         assert config["train"]["init_from"] == str(stage.absolute())
     staged = accuracy.set_index(["task", "pos_encoding"])["curriculum"]
-    assert staged["wherex"].str.startswith("max_len 2, 10 steps: ").all()
+    assert staged["wherex"].str.match(r"max_len 2, \d+ steps: ").all()
     assert (staged.drop(index="wherex", level="task") == "").all()
     assert "Trained through a curriculum" in text
 
@@ -294,7 +294,13 @@ def test_zuo2025_probes_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.mark.parametrize(
-    "paper, part", [(paper, part) for paper, e in EXPERIMENTS.items() for part in e.parts]
+    "paper, part",
+    [
+        (paper, part)
+        for paper, e in EXPERIMENTS.items()
+        for part, runner in e.parts.items()
+        if "paper" in runner.scales
+    ],
 )
 def test_paper_scale_settings_are_valid(paper: str, part: str) -> None:
     """`--scale paper` is meant for a GPU and too slow to run here; its settings must at least

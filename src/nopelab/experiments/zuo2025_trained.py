@@ -238,7 +238,7 @@ def run(settings: Settings, out: Path) -> None:
                 "steps_trained": trained_steps,
                 "steps_to_target": trained_steps if summary.get("steps_to_target") else None,
                 "curriculum": "; ".join(
-                    f"max_len {stage.task.max_len}, {stage.train.steps} steps: "
+                    f"max_len {stage.task.max_len}, {done['steps']} steps: "
                     f"{done['final_eval']['accuracy']:.3f}"
                     for stage, done in stages
                 ),
