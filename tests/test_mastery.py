@@ -55,6 +55,7 @@ def target_and_stop(evals: pd.DataFrame) -> tuple[float, int]:
     return target, int(early.loc[early["accuracy"] >= target, "step"].iloc[0])
 
 
+@pytest.mark.slow
 def test_a_run_stops_at_the_first_evaluation_that_reaches_the_target(
     tmp_path: Path, unstopped: pd.DataFrame
 ) -> None:
@@ -73,6 +74,7 @@ def test_a_run_stops_at_the_first_evaluation_that_reaches_the_target(
     assert state["step"] == stop
 
 
+@pytest.mark.slow
 def test_a_target_never_reached_trains_every_step(tmp_path: Path, unstopped: pd.DataFrame) -> None:
     above = float(unstopped["accuracy"].max()) + 1e-6
     if above > 1:
@@ -82,6 +84,7 @@ def test_a_target_never_reached_trains_every_step(tmp_path: Path, unstopped: pd.
     assert summary["steps"] == 40 and summary["steps_to_target"] is None
 
 
+@pytest.mark.slow
 def test_a_run_killed_after_reaching_the_target_finishes_without_training(
     tmp_path: Path, unstopped: pd.DataFrame
 ) -> None:
@@ -104,6 +107,7 @@ def test_stop_at_is_checked() -> None:
         TrainConfig(stop_at=0.0)
 
 
+@pytest.mark.slow
 def test_a_moved_curriculum_folder_resumes(tmp_path: Path) -> None:
     """A stage's ``init_from`` is an absolute path; once the folder has a checkpoint it no
     longer matters, so the reproduction folder can be moved and continued."""
@@ -146,6 +150,7 @@ def test_spread_table_against_a_hand_count() -> None:
     assert zuo2025_mastery._cell(rope) == "2/3: 800 ± 141 (700–900)"
 
 
+@pytest.mark.slow
 def test_mastery_part_reports_every_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The part at smoke scale, reduced to wherex with NoPE at two seeds: each seed's run is the
     trained part's run at that seed, and the tables agree with the runs' summaries."""
