@@ -136,7 +136,8 @@ def summary_text(settings: Settings, table: pd.DataFrame, spread: pd.DataFrame) 
     tasks, encodings = list(trained.TASKS), list(POS_ENCODINGS)
     cells = spread.assign(cell=[_cell(row) for _, row in spread.iterrows()])
     overview = cells.pivot(index="task", columns="pos_encoding", values="cell")
-    overview = overview.reindex(index=tasks, columns=encodings).reset_index()
+    overview = overview.reindex(index=tasks, columns=encodings).rename(columns=NAMES)
+    overview = overview.reset_index()
     per_seed = table.assign(
         shown=[
             f"{steps:.0f}" if steps == steps else f"not by {cap} ({acc:.3f})"  # NaN: not reached
