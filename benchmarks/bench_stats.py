@@ -1,25 +1,38 @@
 """Cost of the streaming statistics, and of the exact adjacency score against brute force.
 
 Run: ``.venv/bin/python benchmarks/bench_stats.py`` (add ``--quick`` to skip T = 2048 and the
-T = 4096 brute force). Everything is measured in this one run, so the printed ratios compare
+T = 4096 brute force; ``--end-to-end`` for part 2 alone). The ``nopelab`` command sets
+``OMP_WAIT_POLICY=passive`` unless it is set; prefix the run with it to time this process's
+passes under the same policy. Everything is measured in this one run, so the printed ratios compare
 like with like on whatever machine runs it.
 
 1. The chi2023 model (pre-LN NoPE, d = 768, 12 heads, 12 layers) at T = 512 and 2048: wall time
    of a bare forward pass, of one with every statistic at every site (49 sites), and of one that
    adds the attention entropy (explicit attention); plus a per-site breakdown of the costs.
-2. The adjacency score of one T x T cosine matrix (of Gaussian vectors, d = 64): the
+2. End to end: the whole ``nopelab analyze`` command (a subprocess: start-up, the statistics,
+   writing the tables and figures) on the chi2023 small settings (T = 512, 32 samples of random
+   vectors, batch 4, every site) against the bare forward loop over the same inputs.
+3. The adjacency score of one T x T cosine matrix (of Gaussian vectors, d = 64): the
    O(T^2 log T) exact count against the O(T^3) brute force at T = 256, 1024, 4096.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from nopelab.api import load
 from nopelab.config import SITES, ModelConfig
+from nopelab.measure.analysis import input_batches
 from nopelab.measure.capture import StreamingCapture
 from nopelab.measure.metrics import (
     adjacency_score,
@@ -90,6 +103,76 @@ def forward_costs(seq_len: int, batch: int, repeats: int, seed: int) -> None:
         print(f"    {name:18s} {seconds * 1e3:8.2f} ms/site  -> {seconds * sites / bare:6.1%}")
 
 
+CHI_SMALL = ["--layers", "12", "--heads", "12", "--d-model", "768", "--seq-len", "512",
+             "--samples", "32", "--batch-size", "4", "--device", "cpu"]  # fmt: skip
+
+
+def run_command(args: list[str], out: Path) -> dict[str, float]:
+    """Run ``nopelab ARGS --out OUT`` and time its parts from when its progress lines arrive:
+    start-up (to the line that starts the statistics), the statistics (to their 100 % line),
+    writing (to the exit); ``analysis`` is the statistics' time that summary.json reports."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nopelab", *args, "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    arrived = [(time.perf_counter() - start, line) for line in proc.stderr]
+    proc.wait()
+    total = time.perf_counter() - start
+    if proc.returncode:
+        raise RuntimeError("".join(line for _, line in arrived))
+    stats = [t for t, line in arrived if ": analysing " in line]
+    return {
+        "total": total,
+        "start-up": stats[0],
+        "statistics": stats[-1] - stats[0],
+        "writing": total - stats[-1],
+        "analysis": json.loads((out / "summary.json").read_text())["seconds"],
+    }
+
+
+@torch.inference_mode()
+def command_costs(repeats: int, seed: int) -> None:
+    """The whole ``nopelab analyze`` command against the bare forward loop of its analysis."""
+    args = ["analyze", *CHI_SMALL, "--seed", str(seed)]
+    study = load(
+        model={"d_model": 768, "n_heads": 12, "n_layers": 12},
+        analysis={"seq_len": 512, "samples": 32, "batch_size": 4, "seed": seed, "device": "cpu"},
+    )
+    model, cfg = study.model, study.config.analysis
+
+    def bare() -> None:
+        for batch in input_batches(model.cfg, cfg):
+            model(**batch)
+
+    runs: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory() as folder:
+        times = interleaved(
+            {
+                "bare": bare,
+                "command": lambda: runs.append(run_command(args, Path(folder) / str(len(runs)))),
+            },
+            repeats,
+        )
+    runs = runs[1:]  # the warm-up
+    best = min(runs, key=lambda run: run["total"])
+    bare_best = min(times["bare"])
+    paired = np.median([run["total"] for run in runs] / np.array(times["bare"]))
+    print(f"\nEnd to end: nopelab {' '.join(args)}")
+    print(f"  bare forward loop (32 samples)    {bare_best:8.2f} s   (best of {repeats})")
+    print(
+        f"  whole command                     {best['total']:8.2f} s   ratio {best['total'] / bare_best:5.2f};"
+        f" median of round ratios {paired:.2f}"
+    )
+    for part in ("start-up", "statistics", "writing"):
+        print(
+            f"    {part:12s}                    {best[part]:8.2f} s   {best[part] / bare_best:5.2f} x bare"
+        )
+    print(f"    (the statistics by summary.json: {best['analysis']:.2f} s)")
+
+
 def adjacency_costs(sizes: list[int], brute_max: int, seed: int) -> None:
     print("\nAdjacency score of one T x T cosine matrix: exact count vs brute force")
     rng = np.random.default_rng(seed)
@@ -111,12 +194,19 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0, help="seed for weights and inputs")
+    parser.add_argument(
+        "--end-to-end", action="store_true", help="only the whole command against the bare loop"
+    )
     args = parser.parse_args()
     kept = keep_freed_memory()  # as the nopelab command does: no page faults on buffer reuse
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, freed memory kept: {kept}"
     )
+    if args.end_to_end:
+        command_costs(args.repeats, args.seed)
+        return
     forward_costs(512, batch=4, repeats=args.repeats, seed=args.seed)
+    command_costs(args.repeats, args.seed)
     if not args.quick:
         forward_costs(2048, batch=1, repeats=args.repeats, seed=args.seed)
     adjacency_costs([256, 1024, 4096], brute_max=1024 if args.quick else 4096, seed=args.seed)

@@ -3,6 +3,7 @@ tiny finished task run."""
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 from pathlib import Path
@@ -34,6 +35,16 @@ def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0
+
+
+def failure_line(err: str) -> str:
+    """The one error line of a command that failed after it started: before it, only progress
+    lines (printed where stderr is not a terminal, each ending with the seconds since the
+    start)."""
+    *before, last = err.strip().splitlines()
+    assert all(re.fullmatch(r".* \(\d+ s\)", line) for line in before), err
+    assert "Traceback" not in err and last.startswith("nopelab: "), err
+    return last
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +16,9 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from conftest import run_cli
+from conftest import failure_line, run_cli
 from nopelab.cli import app
+from nopelab.runtime import device
 
 TINY = [
     "--layers",
@@ -224,8 +227,7 @@ def test_errors_name_the_flag_that_was_typed(
 def test_non_finite_activations_fail_the_run(tmp_path: Path, capsys, monkeypatch) -> None:
     out = tmp_path / "run"  # weights of scale 1e30: their squares overflow float32
     assert run_cli(["analyze", *TINY, "--init-std", "1e30", "--out", str(out)], monkeypatch) == 1
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "are not finite" in err, err
+    assert "are not finite" in failure_line(capsys.readouterr().err)
     assert not out.exists()
 
 
@@ -329,3 +331,102 @@ def test_every_help_text_is_shown_whole() -> None:
         for text in texts:
             first = text.split("\n\n")[0]  # the docstring's first paragraph
             assert " ".join(first.replace("\\[", "[").split()) in shown, (name, text)
+
+
+# ------------------------------------------------------------------ progress and interrupts
+
+
+def test_a_long_stage_prints_a_line_per_tenth_where_no_bar_is_shown(capsys, monkeypatch) -> None:
+    clock = iter(range(0, 10_000, 2))  # two seconds pass between any two readings
+    monkeypatch.setattr(device.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(device, "_STARTED", 0)
+    with device.progress("work", total=20) as advance:
+        for _ in range(20):
+            advance(1)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("work (") and lines[0].endswith(" s)")
+    assert [line.split(" (")[0] for line in lines[1:]] == [
+        f"work: {p} %" for p in range(10, 101, 10)
+    ]
+    seconds = [int(re.fullmatch(r".* \((\d+) s\)", line).group(1)) for line in lines]
+    assert seconds == sorted(seconds)
+
+
+def test_a_quick_stage_prints_its_start_and_end_only(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(device.time, "monotonic", lambda: 5.0)  # no time passes
+    monkeypatch.setattr(device, "_STARTED", 0)
+    with device.progress("quick", total=8) as advance:
+        for _ in range(4):
+            advance(2)
+    with device.progress("hidden", total=8, visible=False) as advance:
+        advance(8)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" (")[0] for line in lines] == ["quick", "quick: 100 %"]
+
+
+@pytest.mark.slow
+def test_a_reproduction_in_a_log_says_what_it_does(tmp_path: Path) -> None:
+    """``nopelab reproduce chi2023 > log 2>&1``: a line within seconds, then one per stage."""
+    out = tmp_path / "chi"
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nopelab", "reproduce", "chi2023", "--scale", "smoke",
+         "--device", "cpu", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    arrived = [(time.monotonic() - start, line.rstrip("\n")) for line in proc.stdout]
+    assert proc.wait(timeout=60) == 0, arrived
+    assert arrived and arrived[0][0] < 10, arrived  # says what it does long before it is done
+    lines = [line for _, line in arrived]
+    stages = [
+        "chi2023: building the model (d=64, 4 heads, 3 layers)",
+        "chi2023: analysing 8 samples at T=64",
+        "chi2023: analysing 8 samples at T=64: 100 %",
+        "chi2023: writing the statistics' tables and figures",
+        "chi2023 probes: collecting 16 samples at T=64, 6 sites and layers",
+        "chi2023 probes: collecting 16 samples at T=64, 6 sites and layers: 100 %",
+        "chi2023 probes: fitting 12 probes, 3 seeds each",
+        "chi2023 probes: fitting 12 probes, 3 seeds each: 100 %",
+        "chi2023: writing the probe table, figure and summary",
+    ]
+    shown = [line.rsplit(" (", 1)[0] for line in lines[:-1]]
+    assert [line for line in shown if line in stages] == stages, lines
+    tenths = r"(chi2023: analysing|chi2023 probes: collecting|chi2023 probes: fitting) .*: \d+ %"
+    assert all(re.fullmatch(tenths, line) for line in set(shown) - set(stages)), lines
+    for at, line in arrived[:-1]:  # each line tells the time since the command started
+        told = int(re.fullmatch(r".* \((\d+) s\)", line).group(1))
+        assert told <= at + 1, (at, line)
+    assert lines[-1] == f"wrote {out}; see {out / 'summary.md'}"
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler of its own for ``signum``."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.M).group(1), 16)
+    return bool(caught >> (signum - 1) & 1)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/PID/status")
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.2, 0.5])
+def test_an_interrupt_while_the_command_starts_is_one_line(delay: float, tmp_path: Path) -> None:
+    """Ctrl-C while the command is still importing PyTorch: status 130, no traceback, nothing
+    written. The delays count from the moment the entry point has set its handlers (it catches
+    SIGTERM): before that only Python's own start-up runs, which nopelab cannot reach."""
+    out = tmp_path / "run"
+    args = ["train", "--task", "copy", "--steps", "5", "--device", "cpu", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nopelab", *args],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not _catches(proc.pid, signal.SIGTERM):
+        assert time.monotonic() < deadline and proc.poll() is None, "the command did not start"
+        time.sleep(0.001)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        "nopelab: interrupted"
+    ), err
+    assert list(tmp_path.iterdir()) == []

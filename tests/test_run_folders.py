@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import failure_line, run_cli
 from nopelab.runtime.rundir import RUN_MARKER, locked, write_json
 from nopelab.training import checkpoint
 
@@ -140,7 +140,7 @@ def test_a_failed_run_leaves_nothing_not_even_parents(tmp_path, capsys, monkeypa
     monkeypatch.setattr("nopelab.measure.report.write_analysis", fail)
     out = tmp_path / "a" / "b" / "run"
     assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 1
-    assert "No space left on device" in _one_line(capsys)
+    assert "No space left on device" in failure_line(capsys.readouterr().err)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -162,7 +162,7 @@ def test_training_interrupted_before_its_first_checkpoint(tmp_path, capsys, monk
     monkeypatch.setattr("nopelab.training.train._update", interrupt)
     out = tmp_path / "new" / "run"
     assert run_cli([*TRAIN, "--steps", "4", "--out", str(out)], monkeypatch) == 130
-    assert "no checkpoint yet" in _one_line(capsys)
+    assert "no checkpoint yet" in failure_line(capsys.readouterr().err)
     assert list(tmp_path.iterdir()) == []
 
 

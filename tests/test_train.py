@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import run_cli
+from conftest import failure_line, run_cli
 from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
 from nopelab.errors import UserError
 from nopelab.models.transformer import Transformer
@@ -511,8 +511,8 @@ def test_a_run_diverging_before_its_first_checkpoint_leaves_nothing(
     args = ["train", "--task", "copy", "--max-len", "5", "--train-size", "200", "--test-size",
             "10", *TINY_TRAIN, "--out", str(out)]  # fmt: skip
     assert run_cli(args, monkeypatch) == 1
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.endswith("no checkpoint yet: nothing was kept"), err
+    err = failure_line(capsys.readouterr().err)
+    assert err.endswith("no checkpoint yet: nothing was kept"), err
     assert not out.exists()
 
 

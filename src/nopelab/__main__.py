@@ -1,3 +1,34 @@
-from nopelab.cli import main
+"""``python -m nopelab``, and the light entry point of the ``nopelab`` command.
 
-main()
+Importing the commands takes a second or more (PyTorch); an interrupt in that time is one line
+and status 130 like any other, so the handlers are set before anything heavy is imported, as is
+the OpenMP setting that PyTorch reads when it loads.
+"""
+
+import os
+import signal
+import sys
+
+from nopelab.errors import INTERRUPTED
+
+
+def main() -> None:
+    """Run the ``nopelab`` command line; Ctrl-C or SIGTERM while it starts exits 130 quietly."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops it as Ctrl-C does
+    if sys.argv[1:2] != ["train"]:
+        # Statistics alternate between PyTorch's OpenMP threads and numba's: threads that spin
+        # while they wait starve the other pool on a shared CPU (docs/performance.md). Read
+        # once, when PyTorch loads; training keeps the default its throughput was measured with.
+        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    try:
+        from nopelab.cli import main as run  # the package registers every command
+    except KeyboardInterrupt:
+        # nothing was written yet; a module cut off mid-import must not run its exit handlers
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        os._exit(130)
+    run()
+
+
+if __name__ == "__main__":
+    main()

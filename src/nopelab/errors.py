@@ -1,5 +1,7 @@
 """User-facing errors: one line, naming the field and what is allowed."""
 
+INTERRUPTED = "nopelab: interrupted; nothing was written"
+
 
 class UserError(Exception):
     """Bad input from the user. The CLI prints it on one line and exits with status 2."""

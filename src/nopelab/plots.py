@@ -1,52 +1,128 @@
-"""Figures: variance against position, cosine heatmaps, scores per layer and against init."""
+"""Figures: variance against position, cosine heatmaps, scores per layer and against init.
+
+matplotlib is imported on first use. The figures that every analysis draws are laid out with
+fixed margins: a layout engine measures every label several times, most of a figure's cost.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.axis import Axis
+    from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import Locator
 
 
-def _save(fig: plt.Figure, path: Path) -> None:
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def _pyplot() -> ModuleType:
+    """matplotlib's pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
-def _layer_colours(layers: list[int]) -> matplotlib.colors.Normalize:
+def _save(fig: Figure, path: Path) -> None:
+    fig.savefig(path, dpi=110, pil_kwargs={"compress_level": 1})  # zlib's fastest level
+    _pyplot().close(fig)
+
+
+def _grid(
+    rows: int,
+    cols: int,
+    width: float,
+    height: float,
+    title: str = "",
+    gaps: tuple[float, float] = (0.8, 0.7),
+    margins: tuple[float, float, float, float] = (0.8, 0.25, 0.55, 0.35),
+    colourbar: bool = False,
+) -> tuple[Figure, np.ndarray, Axes | None]:
+    """A figure of ``rows`` x ``cols`` panels of ``width`` x ``height`` inches, ``gaps``
+    (across, down) between them and ``margins`` (left, right, bottom, top) around them, room
+    for ``title`` above and for a colour bar on the right; returns the figure, the panels and
+    the colour bar's axes (``None`` without one)."""
+    left, right, bottom, top = margins
+    top += 0.3 if title else 0.0
+    bar = 0.85 if colourbar else 0.0
+    W = left + cols * width + (cols - 1) * gaps[0] + right + bar
+    H = bottom + rows * height + (rows - 1) * gaps[1] + top
+    fig = _pyplot().figure(figsize=(W, H))
+    axes = np.empty((rows, cols), dtype=object)
+    for r in range(rows):
+        for c in range(cols):
+            x, y = left + c * (width + gaps[0]), H - top - (r + 1) * height - r * gaps[1]
+            axes[r, c] = fig.add_axes((x / W, y / H, width / W, height / H))
+    cax = None
+    if colourbar:
+        x = W - right - bar + 0.12
+        cax = fig.add_axes((x / W, bottom / H, 0.12 / W, (H - bottom - top) / H))
+    if title:
+        fig.suptitle(title, y=1 - 0.08 / H, va="top")
+    return fig, axes, cax
+
+
+def _layer_colours(layers: list[int]) -> Normalize:
     """The layer-to-colour scale shared by the lines and their colour bar."""
+    from matplotlib.colors import Normalize
+
     low, high = min(layers), max(layers)
-    return matplotlib.colors.Normalize(vmin=low, vmax=high if high > low else low + 1)
+    return Normalize(vmin=low, vmax=high if high > low else low + 1)
 
 
-def _layer_colourbar(
-    fig: plt.Figure, axes: list[plt.Axes], norm: matplotlib.colors.Normalize
-) -> None:
-    mappable = matplotlib.cm.ScalarMappable(norm=norm, cmap="viridis")
-    bar = fig.colorbar(mappable, ax=axes, fraction=0.02, pad=0.01)
+def _layer_colourbar(fig: Figure, cax: Axes, norm: Normalize) -> None:
+    from matplotlib.cm import ScalarMappable
+
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap="viridis"), cax=cax)
     bar.set_label("layer")
-    bar.locator = matplotlib.ticker.MaxNLocator(integer=True)
+    bar.locator = _integer_ticks()
     bar.update_ticks()
 
 
-def _lines_by_layer(frame: pd.DataFrame, x: str, y: str) -> tuple[plt.Figure, dict[str, plt.Axes]]:
+def _integer_ticks() -> Locator:
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
+def _lines_by_layer(
+    frame: pd.DataFrame, x: str, y: str, title: str = ""
+) -> tuple[Figure, dict[str, Axes]]:
     """A panel per site, a line of ``y`` against ``x`` (log scale) per layer, a layer colour bar."""
     sites = list(dict.fromkeys(frame["site"]))
-    fig, axes = plt.subplots(
-        1, len(sites), figsize=(4.2 * len(sites), 3.6), squeeze=False, layout="constrained"
-    )
+    fig, axes, cax = _grid(1, len(sites), 3.4, 2.7, title, colourbar=True)
     norm = _layer_colours(sorted(frame["layer"].unique()))
+    viridis = _pyplot().cm.viridis
     for ax, site in zip(axes[0], sites, strict=True):
         for layer, rows in frame[frame["site"] == site].groupby("layer"):
-            ax.plot(rows[x], rows[y], color=plt.cm.viridis(norm(layer)), lw=1.2)
+            ax.plot(rows[x], rows[y], color=viridis(norm(layer)), lw=1.2)
         ax.set(xscale="log", title=site)
+        _plain_log_labels(ax.xaxis)
         ax.grid(alpha=0.3, which="both")
-    _layer_colourbar(fig, list(axes[0]), norm)
+    _layer_colourbar(fig, cax, norm)
     return fig, dict(zip(sites, axes[0], strict=True))
+
+
+def _plain_log_labels(axis: Axis) -> None:
+    """Label a log axis with plain numbers (100, 0.02) rather than typeset powers of ten. Minor
+    ticks, labelled, only on an axis that spans less than a decade: elsewhere they would cost
+    more than the lines. Call it once the data is drawn."""
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    low, high = sorted(axis.get_view_interval())
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    if high < 10 * low:
+        axis.set_minor_formatter(FuncFormatter(lambda value, _: f"{value:.3g}"))
+    else:
+        axis.set_minor_locator(NullLocator())
 
 
 def variance_by_position(
@@ -56,53 +132,57 @@ def variance_by_position(
 
     ``theory`` (if given) is the predicted variance of layer 1's ``attn_out``, drawn dashed.
     """
-    fig, axes = _lines_by_layer(positions, "position", "variance")
+    fig, axes = _lines_by_layer(positions, "position", "variance", title)
     for ax in axes.values():
         ax.set(yscale="log", xlabel="position m", ylabel="variance")
     if theory is not None and "attn_out" in axes:
         ax = axes["attn_out"]
         (line,) = ax.plot(np.arange(1, len(theory) + 1), theory, "k--", lw=1.5, label="theory, L1")
         ax.legend(handles=[line], fontsize=7)
-    if title:
-        fig.suptitle(title)
+    for ax in axes.values():
+        _plain_log_labels(ax.yaxis)
     _save(fig, path)
 
 
 def cosine_by_distance(distance: pd.DataFrame, path: Path, title: str = "") -> None:
     """Mean cosine similarity against distance |i - j| > 0, a panel per site, a line per layer."""
-    fig, axes = _lines_by_layer(distance[distance["distance"] > 0], "distance", "cosine")
+    fig, axes = _lines_by_layer(distance[distance["distance"] > 0], "distance", "cosine", title)
     for ax in axes.values():
         ax.set(xlabel="distance |i - j|", ylabel="mean cosine")
-    if title:
-        fig.suptitle(title)
     _save(fig, path)
 
 
 def cosine_heatmaps(
     matrices: dict[str, np.ndarray], path: Path, ncols: int = 6, title: str = ""
 ) -> None:
-    """A grid of mean self-cosine-similarity matrices, one per labelled entry."""
+    """A grid of mean self-cosine-similarity matrices, one per labelled entry, on one colour
+    scale (from the lowest entry, or 0, to 1). The matrices are tiles of one set of axes: a
+    panel of axes each would cost more than its image."""
     n = len(matrices)
     ncols = min(ncols, n)
     nrows = -(-n // ncols)
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(2.6 * ncols, 2.5 * nrows), squeeze=False, layout="constrained"
+    side, across, down = 2.2, 0.15, 0.35  # a tile, and the gaps between tiles (inches)
+    width, height = ncols * side + (ncols - 1) * across, nrows * side + (nrows - 1) * down
+    fig, axes, cax = _grid(
+        1, 1, width, height, title, margins=(0.15, 0.3, 0.15, 0.3), colourbar=True
     )
-    for ax in axes.flat:
-        ax.axis("off")
-    for ax, (label, matrix) in zip(axes.flat, matrices.items(), strict=False):
-        image = ax.imshow(matrix, cmap="magma", vmin=min(0.0, float(matrix.min())), vmax=1.0)
-        ax.set_title(label, fontsize=8)
-        ax.axis("on")
-        ax.set_xticks([])
-        ax.set_yticks([])
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
-    if title:
-        fig.suptitle(title)
+    ax = axes[0, 0]
+    low = min(0.0, *(float(matrix.min()) for matrix in matrices.values()))
+    for i, (label, matrix) in enumerate(matrices.items()):
+        row, col = divmod(i, ncols)
+        x, y = col * (side + across), row * (side + down)  # the tile's top left corner
+        image = ax.imshow(
+            matrix, cmap="magma", vmin=low, vmax=1.0, extent=(x, x + side, y + side, y),
+            aspect="auto",
+        )  # fmt: skip
+        ax.text(x + side / 2, y - 0.06, label, ha="center", va="bottom", fontsize=8)
+    ax.set(xlim=(0, width), ylim=(height, 0))
+    ax.axis("off")
+    fig.colorbar(image, cax=cax)
     _save(fig, path)
 
 
-def _score_lines(ax: plt.Axes, rows: pd.DataFrame, x: str, score: str, by: str) -> None:
+def _score_lines(ax: Axes, rows: pd.DataFrame, x: str, score: str, by: str) -> None:
     """``score`` (mean ± std over samples) against ``x``, a line per value of ``by``, with the
     chance level 0.5 dotted."""
     for label, group in rows.groupby(by, sort=False):
@@ -130,17 +210,13 @@ def scores_by_layer(rows: pd.DataFrame, path: Path, title: str = "") -> None:
     """Adjacency and norm scores (mean ± std over samples) per layer, one line per site: a
     panel per score among ``SCORE_LABELS`` whose ``_mean`` column ``rows`` has."""
     scores = [score for score in SCORE_LABELS if f"{score}_mean" in rows]
-    fig, axes = plt.subplots(
-        1, len(scores), figsize=(4.5 * len(scores), 3.6), squeeze=False, layout="constrained"
-    )
+    fig, axes, _ = _grid(1, len(scores), 3.7, 2.7, title, gaps=(0.7, 0.7))
     axes = axes[0]
     for ax, score in zip(axes, scores, strict=True):
         _score_lines(ax, rows, "layer", score, "site")
         ax.set(xlabel="layer", ylabel=SCORE_LABELS[score])
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
     _save(fig, path)
 
 
@@ -148,7 +224,7 @@ def scores_by_variant(rows: pd.DataFrame, path: Path, title: str = "") -> None:
     """Adjacency score (mean ± std over samples) per layer: a panel per site, a line per
     ``variant``."""
     sites = list(dict.fromkeys(rows["site"]))
-    fig, axes = plt.subplots(
+    fig, axes = _pyplot().subplots(
         1, len(sites), figsize=(4.2 * len(sites), 3.6), squeeze=False, layout="constrained"
     )
     for ax, site in zip(axes.flat, sites, strict=True):
@@ -176,7 +252,7 @@ def attention_entropy(attention: pd.DataFrame, path: Path) -> None:
 
 def score_against_init(scores: pd.DataFrame, path: Path, title: str = "") -> None:
     """Adjacency score per layer against the init scale: normal(σ) and uniform(±a) panels."""
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True, layout="constrained")
+    fig, axes = _pyplot().subplots(1, 2, figsize=(9, 3.6), sharey=True, layout="constrained")
     for ax, init in zip(axes, ("normal", "uniform"), strict=True):
         subset = scores[scores["init"] == init].sort_values("init_std")
         _score_lines(
@@ -195,7 +271,7 @@ def score_against_init(scores: pd.DataFrame, path: Path, title: str = "") -> Non
 def training_curves(metrics: pd.DataFrame, evals: pd.DataFrame, path: Path) -> None:
     """Training loss (raw and smoothed) and each evaluation metric against step."""
     names = [c for c in evals.columns if c != "step"] if len(evals) else []
-    fig, axes = plt.subplots(
+    fig, axes = _pyplot().subplots(
         1,
         1 + len(names),
         figsize=(4.2 * (1 + len(names)), 3.4),
@@ -221,7 +297,7 @@ def training_curves(metrics: pd.DataFrame, evals: pd.DataFrame, path: Path) -> N
 def trained_scores(scores: pd.DataFrame, path: Path) -> None:
     """Adjacency score per layer, a panel per task, a colour per encoding; init dashed."""
     tasks = list(dict.fromkeys(scores["task"]))
-    fig, axes = plt.subplots(
+    fig, axes = _pyplot().subplots(
         1, len(tasks), figsize=(3.6 * len(tasks), 3.4), squeeze=False, sharey=True,
         layout="constrained",
     )  # fmt: skip
@@ -237,7 +313,7 @@ def trained_scores(scores: pd.DataFrame, path: Path) -> None:
                 )  # fmt: skip
         ax.axhline(0.5, color="grey", ls=":", lw=1)
         ax.set(title=task, xlabel="layer", ylim=(0, 1.02))
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(_integer_ticks())
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("adjacency score (attn_out)")
     axes[0][0].legend(fontsize=7)
@@ -255,7 +331,7 @@ def probe_errors(
     panels = list(dict.fromkeys(zip(rows[panel], rows["probe"], strict=True)))
     ncols = min(4, len(panels))
     nrows = -(-len(panels) // ncols)
-    fig, axes = plt.subplots(
+    fig, axes = _pyplot().subplots(
         nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False, layout="constrained"
     )
     for ax in axes.flat[len(panels) :]:
@@ -277,7 +353,7 @@ def probe_errors(
         baseline = group.groupby("layer")["baseline"].mean()
         ax.plot(baseline.index, baseline.values, color="grey", ls="--", lw=1, label="baseline")
         ax.set(xlabel="layer", ylabel=metric.upper(), title=f"{name}: {probe}", ylim=(0, None))
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(_integer_ticks())
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=7)
     if title:
@@ -305,7 +381,7 @@ def probe_mad_with_reference(
     encodings = list(dict.fromkeys([*rows["pos_encoding"], *reference["pos_encoding"]]))
     colours = {pe: f"C{i}" for i, pe in enumerate(encodings)}
     probes = list(dict.fromkeys(rows["probe"]))
-    fig, axes = plt.subplots(
+    fig, axes = _pyplot().subplots(
         1, len(probes) + 1, figsize=(4.2 * (len(probes) + 1), 3.6), layout="constrained"
     )
     for ax, probe in zip(axes, probes, strict=False):
@@ -322,7 +398,7 @@ def probe_mad_with_reference(
         ax.plot(*_series(by_layer["random_baseline"].mean()), color="grey", ls=":", lw=1,
                 label="random")  # fmt: skip
         ax.set(xlabel="layer (0 = embedding)", ylabel="MAD", title=f"ours: {probe}", ylim=(0, None))
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(_integer_ticks())
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     ax = axes[-1]
@@ -360,7 +436,7 @@ def intervention_effects(frame: pd.DataFrame, path: Path, title: str = "") -> No
     edits = [name for name in dict.fromkeys(frame["intervention"]) if name != "none"]
     controls = set(frame.loc[frame["control_of"].notna(), "intervention"])
     layers = list(dict.fromkeys(frame["layer"]))
-    fig, ax = plt.subplots(figsize=(max(5.5, 3.5 + 1.2 * len(layers)), 3.6))
+    fig, ax = _pyplot().subplots(figsize=(max(5.5, 3.5 + 1.2 * len(layers)), 3.6))
     width = 0.8 / max(1, len(edits))
     colours = {
         "equalize-norm": "C0",
@@ -396,7 +472,7 @@ def steps_to_mastery(
 ) -> None:
     """Steps to mastery per task (a panel each): a dot per seed for each encoding, the mean as a
     bar; a seed that did not reach ``stop_at`` is a cross at the steps it trained."""
-    fig, axes = plt.subplots(
+    fig, axes = _pyplot().subplots(
         1, len(tasks), figsize=(3.2 * len(tasks), 3.4), squeeze=False, layout="constrained"
     )
     for ax, task in zip(axes[0], tasks, strict=True):

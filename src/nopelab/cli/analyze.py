@@ -40,7 +40,7 @@ def analyze(
     from nopelab.config import read_config_file
     from nopelab.measure.analysis import analyze_model
     from nopelab.measure.report import write_analysis
-    from nopelab.runtime.device import resolve_device
+    from nopelab.runtime.device import resolve_device, stage
     from nopelab.runtime.rundir import check_out, default_out, staged_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
@@ -53,6 +53,7 @@ def analyze(
         start = time.perf_counter()
         result = analyze_model(study.model, cfg.analysis, source=study.source)
         seconds = time.perf_counter() - start
+        stage("analyze: writing tables and figures")
         write_analysis(
             staging, cfg, result, seconds, title=resolve.title(run_dir), random_init=run_dir is None
         )

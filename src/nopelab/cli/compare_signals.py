@@ -60,6 +60,7 @@ def compare_signals(
     from nopelab.probing.pipeline import probe_model
     from nopelab.probing.report import write_probes
     from nopelab.probing.signals import verdict
+    from nopelab.runtime.device import stage
     from nopelab.runtime.rundir import default_out, staged_run
     from nopelab.training.train import read_run
 
@@ -99,5 +100,6 @@ def compare_signals(
         }
         title = "variance, norm or similarity?"
         seconds = time.perf_counter() - start
+        stage("compare-signals: writing tables and figures")
         write_probes(staging, config_dict, rows, seconds, title, verdict(rows))
     typer.echo(f"wrote {out}; see {out / 'summary.md'}")

@@ -12,7 +12,7 @@ import typer
 
 from nopelab.cli.app import app
 from nopelab.cli.options import COMMANDS
-from nopelab.errors import RunFailed, UserError
+from nopelab.errors import INTERRUPTED, RunFailed, UserError
 from nopelab.runtime.allocator import keep_freed_memory
 from nopelab.runtime.rundir import is_disk_full
 
@@ -20,7 +20,6 @@ from nopelab.runtime.rundir import is_disk_full
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit status 2, a failed run 1,
     an interrupt (SIGINT or SIGTERM) 130."""
-    keep_freed_memory()
     _HANDLED.clear()
     # `kill`, `timeout` and job schedulers send SIGTERM: it stops a run as Ctrl-C does
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -44,6 +43,7 @@ def main() -> None:
 
 def _run() -> None:
     try:
+        keep_freed_memory()
         code = app(standalone_mode=False)  # typer turns Ctrl-C inside a command into 130
         if code == 130:
             _mark_handled()
@@ -83,7 +83,6 @@ def _run() -> None:
         sys.exit(1)
 
 
-INTERRUPTED = "nopelab: interrupted; nothing was written"
 _HANDLED = threading.Event()  # an interrupt was reported: the process is on its way out
 _SWALLOWED = threading.Event()  # an interrupt was raised in code called from C, and lost there
 

@@ -57,6 +57,7 @@ def probe(
     from nopelab.config import read_config_file
     from nopelab.probing.pipeline import probe_model
     from nopelab.probing.report import write_probes
+    from nopelab.runtime.device import stage
     from nopelab.runtime.rundir import check_out, default_out, staged_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
@@ -69,5 +70,6 @@ def probe(
         rows = probe_model(study.model, study.config.analysis, probe_cfg, study.source)
         config_dict = {**study.config.to_dict(), "probe": dataclasses.asdict(probe_cfg)}
         seconds = time.perf_counter() - start
+        stage("probe: writing tables and figures")
         write_probes(staging, config_dict, rows, seconds, resolve.title(run_dir))
     typer.echo(f"wrote {out}")

@@ -27,7 +27,7 @@ from nopelab.measure.capture import CaptureResult
 from nopelab.measure.report import markdown_table, write_analysis
 from nopelab.measure.stats import AttentionResult
 from nopelab.probing.pipeline import probe_model
-from nopelab.runtime.device import resolve_device
+from nopelab.runtime.device import resolve_device, stage
 
 SIGMA = 0.02
 SCALES = {
@@ -162,15 +162,20 @@ def decay_table(result: CaptureResult) -> pd.DataFrame:
 
 
 def run(settings: Settings, out: Path) -> None:
-    cfg = settings.cfg
+    """The statistics, their tables and figures, the probes and ``summary.md``. A line on
+    stderr starts each stage; where no progress bar is shown, the long ones add their tenths."""
+    cfg, m = settings.cfg, settings.cfg.model
     start = time.perf_counter()
-    model = build_model(cfg.model, cfg.analysis.seed)
+    stage(f"chi2023: building the model (d={m.d_model}, {m.n_heads} heads, {m.n_layers} layers)")
+    model = build_model(m, cfg.analysis.seed)
     result = analyze_model(model, cfg.analysis, "chi2023")
     seconds = time.perf_counter() - start
+    stage("chi2023: writing the statistics' tables and figures")
     write_analysis(out, cfg, result, seconds, title="Chi et al. 2023 (random init)")
     start = time.perf_counter()
-    rows = probe_model(model, settings.probe_analysis, settings.probe, description="probe")
+    rows = probe_model(model, settings.probe_analysis, settings.probe, description="chi2023 probes")
     probe_seconds = time.perf_counter() - start
+    stage("chi2023: writing the probe table, figure and summary")
     probes = pd.DataFrame(rows)
     probes.to_parquet(out / "probes.parquet", index=False)
     plots.probe_errors(

@@ -11,7 +11,8 @@ from nopelab.config import AnalysisConfig, ModelConfig
 from nopelab.errors import ConfigError
 from nopelab.measure.capture import CaptureResult, StreamingCapture
 from nopelab.models.transformer import Transformer
-from nopelab.runtime.device import progress_bar, resolve_device
+from nopelab.runtime.device import progress as show_progress
+from nopelab.runtime.device import resolve_device
 
 if TYPE_CHECKING:
     from nopelab.training.sources import Source
@@ -31,6 +32,7 @@ def input_batches(
     prompts, one per sequence, left-padded (``input = "prompts"``, Zuo et al.'s protocol).
 
     Drawn on the CPU from their own generator (seed + 1), so they do not depend on the device.
+    Inputs that cannot be made are refused here, before the first batch is drawn.
     """
     if cfg.input in ("data", "prompts") and source is None:
         raise ConfigError(
@@ -42,6 +44,16 @@ def input_batches(
     prompts = (
         source.prompts(cfg.samples, cfg.seq_len, generator) if cfg.input == "prompts" else None
     )
+    return _batches(model_cfg, cfg, source, generator, prompts)
+
+
+def _batches(
+    model_cfg: ModelConfig,
+    cfg: AnalysisConfig,
+    source: Source | None,
+    generator: torch.Generator,
+    prompts: torch.Tensor | None,
+) -> Iterator[dict[str, torch.Tensor]]:
     for start in range(0, cfg.samples, cfg.batch_size):
         B = min(cfg.batch_size, cfg.samples - start)
         if prompts is not None:
@@ -73,13 +85,14 @@ def analyze_model(
     device = resolve_device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
     model = model.to(device=device, dtype=dtype).eval()
+    batches = input_batches(model.cfg, cfg, source)
     capture = StreamingCapture(model, cfg.sites, cfg.seq_len, cfg.attn_entropy, device)
-    with capture, progress_bar() as bar:
-        task = bar.add_task(description, total=cfg.samples, visible=progress)
-        for batch in input_batches(model.cfg, cfg, source):
+    line = f"{description}: analysing {cfg.samples} samples at T={cfg.seq_len}"
+    with capture, show_progress(line, cfg.samples, progress, label=description) as advance:
+        for batch in batches:
             inputs = {k: v.to(device) for k, v in batch.items()}
             if "inputs_embeds" in inputs:
                 inputs["inputs_embeds"] = inputs["inputs_embeds"].to(dtype)
             model(**inputs)
-            bar.advance(task, len(next(iter(batch.values()))))
+            advance(len(next(iter(batch.values()))))
     return capture.result()

@@ -197,4 +197,6 @@ def adjacency_score_bruteforce(similarity: Tensor | np.ndarray) -> PairScores:
 def cosine_by_distance(mean_cosine: np.ndarray) -> np.ndarray:
     """Mean of a (T, T) matrix's sub-diagonals: entry k is the mean of S[i, i - k], k = 0..T-1."""
     T = mean_cosine.shape[0]
-    return np.array([np.diagonal(mean_cosine, offset=-k).mean() for k in range(T)])
+    i, j = np.tril_indices(T)
+    sums = np.bincount(i - j, weights=mean_cosine[i, j], minlength=T)
+    return sums / np.arange(T, 0, -1)  # T - k entries on sub-diagonal k

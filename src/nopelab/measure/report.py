@@ -173,22 +173,16 @@ def write_analysis(
     positions.to_parquet(out / "positions.parquet", index=False)
     distance = distance_table(result)
     distance.to_parquet(out / "distance.parquet", index=False)
-    np.savez_compressed(
-        out / "cosine.npz",
-        **{
-            f"{site}_{layer}": s.cosine.astype(np.float32)
-            for (site, layer), s in result.sites.items()
-        },
-    )
+    cosine = {key: s.cosine.astype(np.float32) for key, s in result.sites.items()}
+    # uncompressed: deflate takes seconds for these matrices and saves about a seventh
+    np.savez(out / "cosine.npz", **{f"{site}_{layer}": m for (site, layer), m in cosine.items()})
     frame = pd.DataFrame(rows)
     if figures:
         theory_curve = first_layer_theory(cfg) if random_init else None
         plots.variance_by_position(positions, out / "variance.png", theory_curve, title)
         plots.cosine_by_distance(distance, out / "distance.png", title)
-        for site in dict.fromkeys(site for site, _ in result.sites):
-            matrices = {
-                f"{s} L{layer}": st.cosine for (s, layer), st in result.sites.items() if s == site
-            }
+        for site in dict.fromkeys(site for site, _ in cosine):
+            matrices = {f"{s} L{layer}": m for (s, layer), m in cosine.items() if s == site}
             plots.cosine_heatmaps(
                 matrices, out / f"cosine_{site}.png", title=f"{title} {site}".strip()
             )

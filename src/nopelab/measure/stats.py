@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -66,8 +67,9 @@ class SiteResult:
     norm_signed: RunningMoments
     norm_score_zuo: RunningMoments  # Zuo et al.'s pooled norm score (metrics.norm_score_zuo)
 
-    @property
+    @cached_property
     def cosine_by_distance(self) -> np.ndarray:
+        """Mean cosine similarity against distance, 0..T-1 (computed once, on first use)."""
         return cosine_by_distance(self.cosine)
 
 

@@ -27,7 +27,8 @@ from nopelab.probing.probes import (
     summarize,
     test_count,
 )
-from nopelab.runtime.device import progress_bar, resolve_device
+from nopelab.runtime.device import progress as show_progress
+from nopelab.runtime.device import resolve_device
 
 if TYPE_CHECKING:
     from nopelab.training.sources import Source
@@ -75,7 +76,7 @@ def collect_for_probes(
     analysis: AnalysisConfig,
     probe: ProbeConfig,
     source: Source | None = None,
-    description: str = "collect",
+    description: str = "probe",
     progress: bool = True,
 ) -> tuple[Activations, list[Split]]:
     """Activations of ``keys`` for ``analysis.samples`` sequences, and the splits to probe them.
@@ -89,24 +90,24 @@ def collect_for_probes(
             f"vocab builds sequences from token ids; needs input tokens, not {analysis.input}",
         )
     n = analysis.samples
-    with progress_bar() as bar:
-        task = bar.add_task(description, total=n, visible=progress)
-        advance = lambda k: bar.advance(task, k)  # noqa: E731
-        if probe.split == "sequences":
-            splits = sequence_splits(n, probe.test_fraction, probe.seeds, analysis.seed)
-            batches = input_batches(model.cfg, analysis, source)
-        else:
-            n_test = test_count(n, probe.test_fraction)
-            train_ids, test_ids = vocab_halves(model.cfg.vocab_size, analysis.seed)
-            generator = torch.Generator().manual_seed(analysis.seed + 1)
-            T, B = analysis.seq_len, analysis.batch_size
-            batches = _chain(
-                _vocab_batches(train_ids, n - n_test, T, B, generator),
-                _vocab_batches(test_ids, n_test, T, B, generator),
-            )
-            splits = fixed_splits(
-                torch.arange(n - n_test), torch.arange(n - n_test, n), probe.seeds
-            )
+    if probe.split == "sequences":
+        splits = sequence_splits(n, probe.test_fraction, probe.seeds, analysis.seed)
+        batches = input_batches(model.cfg, analysis, source)
+    else:
+        n_test = test_count(n, probe.test_fraction)
+        train_ids, test_ids = vocab_halves(model.cfg.vocab_size, analysis.seed)
+        generator = torch.Generator().manual_seed(analysis.seed + 1)
+        T, B = analysis.seq_len, analysis.batch_size
+        batches = _chain(
+            _vocab_batches(train_ids, n - n_test, T, B, generator),
+            _vocab_batches(test_ids, n_test, T, B, generator),
+        )
+        splits = fixed_splits(torch.arange(n - n_test), torch.arange(n - n_test, n), probe.seeds)
+    line = (
+        f"{description}: collecting {n} samples at T={analysis.seq_len}, "
+        f"{len(keys)} sites and layers"
+    )
+    with show_progress(line, n, progress, label=f"{description}: collect") as advance:
         acts = collect(model, keys, batches, n, analysis.seq_len, probe.memory_gb, advance)
     return acts, splits
 
@@ -134,14 +135,12 @@ def probe_model(
     device = resolve_device(analysis.device)
     model = model.to(device=device, dtype=getattr(torch, analysis.dtype)).eval()
     keys = probe_keys(model, analysis.sites, probe.layers)
-    acts, splits = collect_for_probes(
-        model, keys, analysis, probe, source, f"{description}: collect", progress
-    )
+    acts, splits = collect_for_probes(model, keys, analysis, probe, source, description, progress)
     targets = position_targets(analysis.samples, analysis.seq_len, probe.target)
     rows = []
-    with acts, progress_bar() as bar:
-        fits = len(keys) * len(probe.features) * len(probe.probes)
-        task = bar.add_task(f"{description}: fit", total=fits, visible=progress)
+    fits = len(keys) * len(probe.features) * len(probe.probes)
+    line = f"{description}: fitting {fits} probes, {probe.seeds} seeds each"
+    with acts, show_progress(line, fits, progress, label=f"{description}: fit") as advance:
         for site, layer in keys:
             for combination in probe.features:
                 features = feature_matrix(acts[(site, layer)], combination)
@@ -168,5 +167,5 @@ def probe_model(
                             **summarize(results),
                         }
                     )
-                    bar.advance(task)
+                    advance(1)
     return rows

@@ -30,7 +30,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +47,7 @@ from nopelab.errors import ConfigError, RunFailed, UserError
 from nopelab.limits import check_training
 from nopelab.models.transformer import Transformer
 from nopelab.plots import training_curves
-from nopelab.runtime.device import progress_bar, resolve_device
+from nopelab.runtime.device import elapsed, progress_bar, resolve_device, say, stage
 from nopelab.runtime.rundir import (
     RUN_MARKER,
     check_out,
@@ -520,6 +519,10 @@ def _train(
         task = bar.add_task(
             label, total=cfg.steps, completed=start, visible=progress and main_process
         )
+        lines = progress and main_process and bar.disable  # a log or a pipe: lines, no bar
+        if lines and start < end:
+            stage(f"{label}: training steps {start + 1}-{end} of {cfg.steps}")
+        last_line = time.monotonic()
         for step in range(start, end):
             tick = time.perf_counter()
             lr = learning_rate(cfg, step)
@@ -551,20 +554,25 @@ def _train(
             )
             bar.update(task, advance=1, description=f"{label} loss {loss:.3f}")
             final = done == cfg.steps
-            if done % cfg.eval_every == 0 or final:
+            evaluates = done % cfg.eval_every == 0 or final
+            tenth = 10 * done // cfg.steps > 10 * step // cfg.steps
+            if lines and not evaluates and (tenth or time.monotonic() - last_line >= 30):
+                say(f"{label} step {done}/{cfg.steps}: loss {loss:.4g} ({elapsed():.0f} s)")
+                last_line = time.monotonic()
+            if evaluates:
                 result = {}
                 if main_process:
                     model.eval()
                     result = source.evaluate(model, cfg.seq_len, final, device, autocast)
                     model.train()
                     evals.add({"step": done, **result})
-                    if progress and not bar.console.is_terminal:  # a line per evaluation
+                    if lines:  # a line per evaluation
                         shown = ", ".join(f"{k} {v:.4g}" for k, v in result.items())
-                        print(
-                            f"{label} step {done}/{cfg.steps}: loss {loss:.4g}; held out: {shown}",
-                            file=sys.stderr,
-                            flush=True,
+                        say(
+                            f"{label} step {done}/{cfg.steps}: loss {loss:.4g}; "
+                            f"held out: {shown} ({elapsed():.0f} s)"
                         )
+                        last_line = time.monotonic()
                 reached = _agree(_reaches(cfg, result), device)
                 if reached:  # the checkpoint below is the last one
                     final, end = True, done
