@@ -383,6 +383,7 @@ def test_intervene_command(trained: Path, tmp_path: Path, capsys, monkeypatch) -
     assert {row["layer"] for row in summary["rows"]} == {2}
     assert [v["layer"] for v in summary["verdict"]] == [2]
     assert json.loads((out / "config.json").read_text())["intervention"]["layers"] == [2]
+    capsys.readouterr()  # the run's progress lines
     bad = tmp_path / "bad"
     for args, message in (
         (["--at-layers", "5"], "layers: the model has no layer 5"),

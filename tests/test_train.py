@@ -835,3 +835,20 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_in_place(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3
     assert json.loads((out / "config.json").read_text())["train"]["steps"] == 3
+
+
+def test_training_in_a_log_prints_a_line_per_tenth_and_evaluation(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Where stderr is not a terminal: the stage, a line at each tenth of the steps that is not
+    an evaluation, one per evaluation with its held-out numbers."""
+    args = ["train", "--task", "copy", "--max-len", "5", "--train-size", "200", "--test-size",
+            "10", *TINY_TRAIN, "--steps", "20", "--eval-every", "5", "--out", str(tmp_path / "r")]  # fmt: skip
+    assert run_cli(args, monkeypatch) == 0
+    lines = [line.rsplit(" (", 1)[0] for line in capsys.readouterr().err.splitlines()]
+    assert lines[0] == "train: training steps 1-20 of 20"
+    steps = [line for line in lines if line.startswith("train step ")]
+    shown = [int(line.split()[2].split("/")[0]) for line in steps]
+    assert shown == [2, 4, 5, 6, 8, 10, 12, 14, 15, 16, 18, 20]  # tenths (2 steps) and evals
+    evals = [n for n, line in zip(shown, steps, strict=True) if "held out: accuracy" in line]
+    assert evals == [5, 10, 15, 20]

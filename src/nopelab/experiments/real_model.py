@@ -36,7 +36,7 @@ from nopelab.measure.report import environment, markdown_table, positions_table,
 from nopelab.probing.pipeline import probe_model
 from nopelab.probing.report import readable
 from nopelab.probing.signals import verdict
-from nopelab.runtime.device import resolve_device
+from nopelab.runtime.device import resolve_device, stage
 from nopelab.runtime.rundir import write_json
 from nopelab.training.sources import token_loss
 
@@ -123,6 +123,7 @@ def run(s: Settings, out: Path) -> None:
     from nopelab.hf.positions import position_use, rope_off
 
     start = time.perf_counter()
+    stage(f"real-model: loading {s.path}")
     model, tokenizer, _ = load_model(str(s.path))
     load_seconds = time.perf_counter() - start
     device = resolve_device(s.analysis.device)
@@ -134,6 +135,7 @@ def run(s: Settings, out: Path) -> None:
     switched_off = variants(model.cfg.n_layers)
     for name, layers in switched_off.items():
         with rope_off(model, layers):
+            stage(f"real-model {name}: which layers use position, the loss on text")
             use = position_use(model, seed=s.analysis.seed)
             uses.append(
                 {
@@ -161,6 +163,7 @@ def run(s: Settings, out: Path) -> None:
                 labels={"model": name, "state": "pretrained"},
             )
     seconds = time.perf_counter() - start
+    stage("real-model: writing tables, figures and summary")
     tables = (rows, pd.concat(frames), probes, losses, uses)
     _write(out, s, switched_off, tables, heatmaps, seconds, load_seconds)
 

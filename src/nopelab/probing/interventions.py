@@ -64,7 +64,8 @@ from nopelab.measure.report import environment, markdown_table
 from nopelab.models.transformer import Transformer
 from nopelab.probing.features import EPS, collect, feature_matrix
 from nopelab.probing.probes import Split, fit_probe, position_targets, sequence_splits, summarize
-from nopelab.runtime.device import progress_bar, resolve_device
+from nopelab.runtime.device import progress as show_progress
+from nopelab.runtime.device import resolve_device, stage
 from nopelab.runtime.rundir import write_json
 from nopelab.training.sources import Source
 from nopelab.training.train import load_trained, make_source
@@ -254,6 +255,8 @@ def run_interventions(
     def behaviour() -> dict[str, float]:
         return source.evaluate(model, seq_len, False, device, contextlib.nullcontext)
 
+    if progress:
+        stage("intervene: the unmodified model's behaviour")
     metrics = behaviour()
     metric = "accuracy" if "accuracy" in metrics else "loss"
     standard_error = _standard_error(metric, source, model, seq_len, device, analysis.seed)
@@ -267,13 +270,19 @@ def run_interventions(
     )  # predicting the training median, as the probes' own baseline
     final: SiteKey = ("resid_post", L)
 
-    def probes_at(keys: list[SiteKey]) -> dict[SiteKey, dict[str, float]]:
+    def probes_at(keys: list[SiteKey], line: str = "") -> dict[SiteKey, dict[str, float]]:
+        """Probes at each of ``keys``; with a ``line``, shown as a stage of its own."""
         keys = list(dict.fromkeys(keys))
         batches = input_batches(run.model, dataclasses.replace(analysis, input="data"), source)
-        with collect(model, keys, batches, n, T, probe.memory_gb) as acts:
-            return {
-                k: _fit_probes(acts[k], probe, splits, targets, analysis.seed, device) for k in keys
-            }
+        fits = {}
+        with (
+            collect(model, keys, batches, n, T, probe.memory_gb) as acts,
+            show_progress(line, len(keys), progress and bool(line), label=line) as advance,
+        ):
+            for k in keys:
+                fits[k] = _fit_probes(acts[k], probe, splits, targets, analysis.seed, device)
+                advance(1)
+        return fits
 
     def probe_columns(at: dict[SiteKey, dict[str, float]], key: SiteKey) -> dict[str, float]:
         """Probes at ``key`` (labelled site) and at the last layer (labelled final)."""
@@ -288,15 +297,15 @@ def run_interventions(
         for i in range(0, cfg.fit_samples, analysis.batch_size)
     )
     keys = [(cfg.site, layer) for layer in layers]
-    unmodified = probes_at([*keys, final])
+    line = f"intervene: probing the unmodified model at {len(keys) + 1} sites and layers"
+    unmodified = probes_at([*keys, final], line)
     rows = []
+    total = len(layers) * (1 + len(cfg.interventions))
+    line = f"intervene: {len(cfg.interventions)} intervention(s) at {len(layers)} layer(s), probed"
     with (
         collect(model, keys, fit_batches, cfg.fit_samples, T, probe.memory_gb) as fit,
-        progress_bar() as bar,
+        show_progress(line, total, progress, label="intervene") as advance,
     ):
-        task = bar.add_task(
-            "intervene", total=len(layers) * (1 + len(cfg.interventions)), visible=progress
-        )
         for key in keys:
             common = {"layer": key[1], "site": key[0], "concept": cfg.concept, "metric": metric}
             rows.append(
@@ -311,7 +320,7 @@ def run_interventions(
                     **probe_columns(unmodified, key),
                 }
             )
-            bar.advance(task)
+            advance(1)
             for name in cfg.interventions:
                 intervention = fit_intervention(name, fit[key], cfg.concept, analysis.seed)
                 size = edit_size(intervention, fit[key])
@@ -330,7 +339,7 @@ def run_interventions(
                         **columns,
                     }
                 )
-                bar.advance(task)
+                advance(1)
     return rows
 
 
