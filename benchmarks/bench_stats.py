@@ -1,10 +1,10 @@
 """Cost of the streaming statistics, and of the exact adjacency score against brute force.
 
 Run: ``.venv/bin/python benchmarks/bench_stats.py`` (add ``--quick`` to skip T = 2048 and the
-T = 4096 brute force; ``--end-to-end`` for part 2 alone). The ``nopelab`` command sets
-``OMP_WAIT_POLICY=passive`` unless it is set; prefix the run with it to time this process's
-passes under the same policy. Everything is measured in this one run, so the printed ratios compare
-like with like on whatever machine runs it.
+T = 4096 brute force; ``--end-to-end`` for part 2 alone). Like the ``nopelab`` command, it runs
+with ``OMP_WAIT_POLICY=passive`` unless the variable is set (it starts again with it). Everything
+is measured in this one run, so the printed ratios compare like with like on whatever machine
+runs it.
 
 1. The chi2023 model (pre-LN NoPE, d = 768, 12 heads, 12 layers) at T = 512 and 2048: wall time
    of a bare forward pass, of one with every statistic at every site (49 sites), and of one that
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -198,9 +199,13 @@ def main() -> None:
         "--end-to-end", action="store_true", help="only the whole command against the bare loop"
     )
     args = parser.parse_args()
+    if "OMP_WAIT_POLICY" not in os.environ:  # read when torch loads: start again with it
+        env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     kept = keep_freed_memory()  # as the nopelab command does: no page faults on buffer reuse
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, freed memory kept: {kept}"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, freed memory kept: {kept}, "
+        f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
     )
     if args.end_to_end:
         command_costs(args.repeats, args.seed)

@@ -13,7 +13,8 @@ from nopelab.errors import INTERRUPTED
 
 
 def main() -> None:
-    """Run the ``nopelab`` command line; Ctrl-C or SIGTERM while it starts exits 130 quietly."""
+    """Run the ``nopelab`` command line; Ctrl-C or SIGTERM while it starts exits 130 quietly,
+    and the process ends as soon as the command has."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops it as Ctrl-C does
     if sys.argv[1:2] != ["train"]:
         # Statistics alternate between PyTorch's OpenMP threads and numba's: threads that spin
@@ -27,7 +28,18 @@ def main() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         print(INTERRUPTED, file=sys.stderr, flush=True)
         os._exit(130)
-    run()
+    try:
+        run()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    # Every file is closed and every worker stopped by now. Tearing the interpreter down (its
+    # modules, PyTorch's and numba's thread pools) takes a second or two that nobody waits for.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
