@@ -430,3 +430,15 @@ def test_an_interrupt_while_the_command_starts_is_one_line(delay: float, tmp_pat
         "nopelab: interrupted"
     ), err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_console_script_starts_without_pytorch() -> None:
+    """The ``nopelab`` script's entry point sets its interrupt handlers before anything heavy
+    loads: importing it must not import PyTorch (whose import takes seconds)."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    module, _, function = pyproject["project"]["scripts"]["nopelab"].partition(":")
+    code = f"import sys, {module}; {module}.{function}; print(sorted({{'torch', 'numpy'}} & set(sys.modules)))"
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "[]", shown
