@@ -277,7 +277,7 @@ def run_interventions(
         fits = {}
         with (
             collect(model, keys, batches, n, T, probe.memory_gb) as acts,
-            show_progress(line, len(keys), progress and bool(line), label=line) as advance,
+            show_progress(line, len(keys), progress and bool(line)) as advance,
         ):
             for k in keys:
                 fits[k] = _fit_probes(acts[k], probe, splits, targets, analysis.seed, device)

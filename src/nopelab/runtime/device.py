@@ -59,7 +59,8 @@ def elapsed() -> float:
 
 
 def stage(line: str) -> None:
-    """The line that starts a stage of a command, with the time since the command started."""
+    """A progress line (a stage starts, a tenth of it is done) ending with the seconds since the
+    command started."""
     say(f"{line} ({elapsed():.0f} s)")
 
 
@@ -113,6 +114,6 @@ def progress(
                 return
             if done >= total or time.monotonic() - last >= 1.0:
                 shown, last = tenth, time.monotonic()
-                say(f"{line}: {100 * done // max(total, 1)} % ({elapsed():.0f} s)")
+                stage(f"{line}: {100 * done // max(total, 1)} %")
 
         yield advance

@@ -47,7 +47,7 @@ from nopelab.errors import ConfigError, RunFailed, UserError
 from nopelab.limits import check_training
 from nopelab.models.transformer import Transformer
 from nopelab.plots import training_curves
-from nopelab.runtime.device import elapsed, progress_bar, resolve_device, say, stage
+from nopelab.runtime.device import progress_bar, resolve_device, stage
 from nopelab.runtime.rundir import (
     RUN_MARKER,
     check_out,
@@ -557,7 +557,7 @@ def _train(
             evaluates = done % cfg.eval_every == 0 or final
             tenth = 10 * done // cfg.steps > 10 * step // cfg.steps
             if lines and not evaluates and (tenth or time.monotonic() - last_line >= 30):
-                say(f"{label} step {done}/{cfg.steps}: loss {loss:.4g} ({elapsed():.0f} s)")
+                stage(f"{label} step {done}/{cfg.steps}: loss {loss:.4g}")
                 last_line = time.monotonic()
             if evaluates:
                 result = {}
@@ -568,9 +568,8 @@ def _train(
                     evals.add({"step": done, **result})
                     if lines:  # a line per evaluation
                         shown = ", ".join(f"{k} {v:.4g}" for k, v in result.items())
-                        say(
-                            f"{label} step {done}/{cfg.steps}: loss {loss:.4g}; "
-                            f"held out: {shown} ({elapsed():.0f} s)"
+                        stage(
+                            f"{label} step {done}/{cfg.steps}: loss {loss:.4g}; held out: {shown}"
                         )
                         last_line = time.monotonic()
                 reached = _agree(_reaches(cfg, result), device)
