@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 import time
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from nopelab.config import ModelConfig
 from nopelab.errors import ConfigError, UserError
 from nopelab.models.transformer import Transformer
 from nopelab.training import tasks
+from nopelab.training.task_kinds import TASK_KINDS
 from nopelab.training.tasks import (
     LAYOUTS,
     LOSS_MODES,
@@ -137,13 +139,13 @@ def test_zuo_formats_by_hand() -> None:
     assert solve_zuo("reverse", "rev(5973245481290159)=") == ("9510921845423795", 16)
     assert solve_zuo("order", "order(74283,87234)=") == ("30241", 5)
     assert solve_zuo("wherex", "wherex(360465066,6)=") == ("1", 9)
-    assert tasks._example("add", ("50", "148"), "zuo") == Example("$50+148=", "891$")
-    assert tasks._example("add", ("5", "5"), "zuo").text == "$5+5=01$\n"
-    assert tasks._example("reverse", ("5973245481290159",), "zuo").text == (
+    assert TASK_KINDS["add"].example(("50", "148"), "zuo") == Example("$50+148=", "891$")
+    assert TASK_KINDS["add"].example(("5", "5"), "zuo").text == "$5+5=01$\n"
+    assert TASK_KINDS["reverse"].example(("5973245481290159",), "zuo").text == (
         "rev(5973245481290159)=9510921845423795\n"
     )
-    assert tasks._example("order", ("74283", "87234"), "zuo").answer == "30241"
-    assert tasks._example("wherex", ("360465066", "6"), "zuo").answer == "1"
+    assert TASK_KINDS["order"].example(("74283", "87234"), "zuo").answer == "30241"
+    assert TASK_KINDS["wherex"].example(("360465066", "6"), "zuo").answer == "1"
 
 
 @pytest.mark.parametrize(("name", "top"), [("add", 9), ("reverse", 22), ("wherex", 20)])
@@ -231,7 +233,7 @@ def test_random_configs_give_right_examples(
         test_min_len=test_lengths[0],  # >= 4: plenty of test instances beside the training ones
         test_max_len=test_lengths[1],
         reversed_answer=reversed_answer and name == "add" and fmt == "plain",
-        train_size=min(60, tasks._count_in(name, (lo, hi), fmt)),
+        train_size=min(60, TASK_KINDS[name].count_in(fmt, (lo, hi))),
         test_size=30,
     )
     train, test = make_splits(cfg, seed)
@@ -281,6 +283,29 @@ def test_an_exhausted_instance_space_is_drawn_completely() -> None:
     assert {e.prompt for e in train + test} == {f"copy({c})=" for c in "abcdefghijklmnopqrstuvwxyz"}
 
 
+SMALL_SPACES = [
+    (name, fmt, k)
+    for name, kind in TASK_KINDS.items()
+    for fmt in ("plain", "zuo")
+    if fmt == "plain" or kind.zuo_lengths is not None
+    for k in (1, 2, 3)
+    if kind.count(fmt, k) <= 1000 and k <= kind.limit
+]
+
+
+@pytest.mark.parametrize(("name", "fmt", "k"), SMALL_SPACES)
+def test_a_task_counts_the_prompts_it_can_draw(name: str, fmt: str, k: int) -> None:
+    """Every registered task: drawing operands of length k many times finds exactly as many
+    distinct prompts as the task counts (a coupon collector: 20 000 draws cover 1000 prompts)."""
+    kind, rng = TASK_KINDS[name], random.Random(0)
+    prompts = {kind.example(kind.draw(fmt, (k, k), rng), fmt).prompt for _ in range(20_000)}
+    assert len(prompts) == kind.count(fmt, k) == kind.count_in(fmt, (k, k))
+    longest = kind.example(kind.longest(k), fmt)
+    assert max(len(kind.example(kind.draw(fmt, (k, k), rng), fmt).text) for _ in range(500)) <= len(
+        longest.text
+    )
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
@@ -300,7 +325,7 @@ def test_too_small_an_instance_space_is_a_config_error(kwargs: dict, field: str)
 
 
 def test_drawing_gives_up_instead_of_looping_forever(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tasks, "_count_in", lambda *args: 10**9)  # fool the size check
+    monkeypatch.setattr(TASK_KINDS["copy"], "count_in", lambda *args: 10**9)  # fool the size check
     cfg = TaskConfig(name="copy", min_len=1, max_len=1, train_size=30)
     with pytest.raises(ConfigError, match="drew only 26 distinct") as info:
         make_splits(cfg, seed=0)

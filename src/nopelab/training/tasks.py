@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import random
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -35,35 +34,19 @@ from torch import Tensor, nn
 
 from nopelab.config import check_choice, check_positive, check_types, setting
 from nopelab.errors import ConfigError, UserError
+from nopelab.training.task_kinds import TASK_KINDS, Example, Task
 
 VOCAB = "\n" + "".join(chr(c) for c in range(32, 127))  # token id = index in VOCAB
 NEWLINE = 0  # token id of "\n": line end and left padding
-Task = Literal["add", "reverse", "order", "wherex", "copy", "count"]
 Format = Literal["zuo", "plain"]
 Layout = Literal["packed", "windows", "padded"]
 LossMode = Literal["answer", "all"]
 TASKS = get_args(Task)
-ZUO_TASKS = TASKS[:4]  # the tasks that have Zuo's format
+ZUO_TASKS = tuple(name for name, kind in TASK_KINDS.items() if kind.zuo_lengths)
 FORMATS = get_args(Format)
 LAYOUTS = get_args(Layout)
 LOSS_MODES = get_args(LossMode)
 IGNORE = -100  # target id that cross-entropy skips (PyTorch's default ignore_index)
-
-DEFAULT_LENGTHS = {
-    "zuo": {"add": (1, 3), "reverse": (1, 16), "order": (2, 5), "wherex": (1, 9)},
-    "plain": {
-        "add": (1, 3),
-        "reverse": (1, 16),
-        "order": (2, 10),
-        "wherex": (1, 16),
-        "copy": (1, 16),
-        "count": (1, 16),
-    },
-}
-LENGTH_LIMITS = {"order": 10}  # order needs distinct digits
-MAX_LEN = 1024  # every other task: a line must fit a model's context
-DIGITS = string.digits
-LETTERS = string.ascii_lowercase
 
 _IDS = {char: i for i, char in enumerate(VOCAB)}
 _ASCII_TO_ID = np.full(128, -1, dtype=np.int64)  # token id by ASCII code; -1 outside VOCAB
@@ -97,7 +80,7 @@ class TaskConfig:
 
     A length is the number of digits of each addend (add), of the digit string (reverse, wherex),
     of each argument (order), or of the letter string (copy, count). ``None`` means the task's
-    default (:data:`DEFAULT_LENGTHS`) for training, and the training range for testing;
+    default (its class in :mod:`nopelab.training.task_kinds`) for training, and the training range for testing;
     ``format = None`` means ``zuo`` where the task has it, else ``plain``.
     """
 
@@ -129,7 +112,7 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         check_choice("task", self.name, TASKS)  # named as the flag: "name" would say little
-        limit = LENGTH_LIMITS.get(self.name, MAX_LEN)
+        limit = TASK_KINDS[self.name].limit
         for field in ("min_len", "max_len", "test_min_len", "test_max_len"):
             value = getattr(self, field)
             if value is None:
@@ -170,7 +153,7 @@ class TaskConfig:
     @property
     def train_lengths(self) -> tuple[int, int]:
         """(lo, hi) operand lengths of training instances, defaults resolved."""
-        lo, hi = DEFAULT_LENGTHS[self.resolved_format][self.name]
+        lo, hi = TASK_KINDS[self.name].default_lengths(self.resolved_format)
         return (
             lo if self.min_len is None else self.min_len,
             hi if self.max_len is None else self.max_len,
@@ -186,131 +169,6 @@ class TaskConfig:
         )
 
 
-@dataclass(frozen=True)
-class Example:
-    """One task instance: the prompt (ending in ``=``) and the answer that follows it."""
-
-    prompt: str
-    answer: str
-
-    @property
-    def text(self) -> str:
-        return self.prompt + self.answer + "\n"
-
-
-# ------------------------------------------------------------------------ the six tasks
-
-
-def _example(
-    name: str, operands: tuple[str, ...], fmt: str = "plain", reversed_answer: bool = False
-) -> Example:
-    """The line of one instance, its answer computed from the operands."""
-    match name, operands:
-        case "add", (a, b):
-            total = str(int(a) + int(b))
-            if fmt == "zuo":
-                return Example(f"${a}+{b}=", total[::-1] + "$")
-            return Example(f"{a}+{b}=", total[::-1] if reversed_answer else total)
-        case "reverse", (digits,):
-            return Example(f"rev({digits})=", digits[::-1])
-        case "order", (first, second):
-            return Example(
-                f"order({first},{second})=", "".join(str(first.index(d)) for d in second)
-            )
-        case "wherex", (digits, x):
-            return Example(f"wherex({digits},{x})=", str(digits.index(x)))
-        case "copy", (letters,):
-            return Example(f"copy({letters})=", letters)
-        case "count", (letters,):
-            return Example(f"count({letters})=", str(len(letters)))
-    raise ValueError(f"bad operands {operands!r} for task {name!r}")
-
-
-def _number(lengths: tuple[int, int], rng: random.Random) -> str:
-    """A uniform integer below 10**hi without leading zeros, redrawn until it has >= lo digits."""
-    lo, hi = lengths
-    while len(text := str(rng.randrange(10**hi))) < lo:
-        pass
-    return text
-
-
-def _draw_operands(
-    name: str, fmt: str, lengths: tuple[int, int], rng: random.Random
-) -> tuple[str, ...]:
-    """Random operands: Zuo's law of lengths (``zuo``) or a uniform length (``plain``)."""
-    if fmt == "zuo":
-        match name:
-            case "add":
-                return _number(lengths, rng), _number(lengths, rng)
-            case "reverse":
-                return (_number(lengths, rng),)
-            case "order":
-                first = "".join(rng.sample(DIGITS, len(_number(lengths, rng))))
-                return first, "".join(rng.sample(first, len(first)))
-            case _:  # wherex
-                digits = _number(lengths, rng)
-                return digits, rng.choice(digits)
-    k = rng.randint(*lengths)
-    match name:
-        case "add":
-            low = 10 ** (k - 1) if k > 1 else 0  # no leading zero
-            return str(rng.randrange(low, 10**k)), str(rng.randrange(low, 10**k))
-        case "reverse":
-            return ("".join(rng.choices(DIGITS, k=k)),)
-        case "order":
-            first = "".join(rng.sample(DIGITS, k))
-            return first, "".join(rng.sample(first, k))
-        case "wherex":
-            digits = "".join(rng.choices(DIGITS, k=k))
-            return digits, rng.choice(digits)
-        case _:  # copy, count
-            return ("".join(rng.choices(LETTERS, k=k)),)
-
-
-def _longest_operands(name: str, k: int) -> tuple[str, ...]:
-    """Operands of length ``k`` whose line is the longest one of that length."""
-    match name:
-        case "add":
-            return "9" * k, "9" * k  # a carry out of the top digit
-        case "order":
-            return DIGITS[:k], DIGITS[:k]
-        case "wherex":
-            return "1" + "0" * (k - 2) + "2" if k > 1 else "1", "2" if k > 1 else "1"
-        case "reverse":
-            return ("1" * k,)
-        case _:  # copy, count
-            return ("a" * k,)
-
-
-def _numbers_of_length(k: int) -> int:
-    """How many integers have exactly k digits (written without leading zeros)."""
-    return 10 if k == 1 else 9 * 10 ** (k - 1)
-
-
-def _instance_count(name: str, fmt: str, k: int) -> int:
-    """How many distinct prompts of length ``k`` exist (add: both operands of length k)."""
-    match name:
-        case "add":
-            return _numbers_of_length(k) ** 2
-        case "reverse":
-            return _numbers_of_length(k) if fmt == "zuo" else 10**k
-        case "order":  # k distinct digits in order, then a permutation of them
-            return math.perm(10, k) * math.factorial(k)
-        case "wherex":  # sum over strings of their distinct digits
-            if fmt == "plain":
-                return 10 * (10**k - 9**k)
-            return 10 if k == 1 else 9 * 10**k - 9 ** (k + 1)
-        case _:  # copy, count
-            return 26**k
-
-
-def _count_in(name: str, lengths: tuple[int, int], fmt: str = "plain") -> int:
-    lo, hi = lengths
-    if name == "add" and fmt == "zuo":  # the two operands' lengths are drawn independently
-        return sum(_numbers_of_length(k) for k in range(lo, hi + 1)) ** 2
-    return sum(_instance_count(name, fmt, k) for k in range(lo, hi + 1))
-
-
 # ------------------------------------------------------------------------------- splits
 
 
@@ -319,16 +177,14 @@ def make_splits(cfg: TaskConfig, seed: int) -> tuple[list[Example], list[Example
 
     A range with fewer distinct instances than asked for is a ConfigError.
     """
-    fmt = cfg.resolved_format
-    train_space = _count_in(cfg.name, cfg.train_lengths, fmt)
+    fmt, kind = cfg.resolved_format, TASK_KINDS[cfg.name]
+    train_space = kind.count_in(fmt, cfg.train_lengths)
     if cfg.train_size > train_space:
         raise ConfigError("train_size", _too_few(cfg.name, train_space, cfg.train_lengths))
     (lo, hi), (test_lo, test_hi) = cfg.train_lengths, cfg.test_lengths
     overlap = (max(lo, test_lo), min(hi, test_hi))
-    blocked = (
-        min(cfg.train_size, _count_in(cfg.name, overlap, fmt)) if overlap[0] <= overlap[1] else 0
-    )
-    test_space = _count_in(cfg.name, cfg.test_lengths, fmt) - blocked
+    blocked = min(cfg.train_size, kind.count_in(fmt, overlap)) if overlap[0] <= overlap[1] else 0
+    test_space = kind.count_in(fmt, cfg.test_lengths) - blocked
     if cfg.test_size > test_space:
         raise ConfigError("test_size", _too_few(cfg.name, test_space, cfg.test_lengths))
 
@@ -354,12 +210,11 @@ def _draw(
     exclude: set[str],
 ) -> list[Example]:
     """``size`` examples with distinct prompts outside ``exclude``, by rejection sampling."""
-    fmt = cfg.resolved_format
+    fmt, kind = cfg.resolved_format, TASK_KINDS[cfg.name]
     seen = set(exclude)
     examples: list[Example] = []
     for _ in range(50 * size + 1000):  # ample unless the range is nearly exhausted
-        operands = _draw_operands(cfg.name, fmt, lengths, rng)
-        example = _example(cfg.name, operands, fmt, cfg.reversed_answer)
+        example = kind.example(kind.draw(fmt, lengths, rng), fmt, cfg.reversed_answer)
         if example.prompt not in seen:
             seen.add(example.prompt)
             examples.append(example)
@@ -368,15 +223,14 @@ def _draw(
     raise ConfigError(
         field,
         f"drew only {len(examples)} distinct instances before giving up; "
-        + _too_few(cfg.name, _count_in(cfg.name, lengths, fmt), lengths),
+        + _too_few(cfg.name, kind.count_in(fmt, lengths), lengths),
     )
 
 
 def _longest_example(cfg: TaskConfig) -> Example:
     k = max(cfg.train_lengths[1], cfg.test_lengths[1])
-    return _example(
-        cfg.name, _longest_operands(cfg.name, k), cfg.resolved_format, cfg.reversed_answer
-    )
+    kind = TASK_KINDS[cfg.name]
+    return kind.example(kind.longest(k), cfg.resolved_format, cfg.reversed_answer)
 
 
 def max_answer_len(cfg: TaskConfig) -> int:
