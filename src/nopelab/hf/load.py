@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from nopelab.config import AnalysisConfig
-from nopelab.errors import ConfigError
+from nopelab.errors import ConfigError, first_line
 from nopelab.hf.sites import HFModel, architecture, check_max_layers, check_sites
 from nopelab.limits import available_memory, check_statistics
 from nopelab.training.corpus import TokenStream, default_corpus, load_text
@@ -98,7 +98,7 @@ def read_config(files: ModelFiles, trust_remote_code: bool) -> Any:
         if files.gguf_file:
             parameter_count(files)  # a file the GGUF reader cannot parse: truncated or damaged
         raise ConfigError(
-            FIELD, f"transformers cannot read {_name(files)}: {_first_line(e)}"
+            FIELD, f"transformers cannot read {_name(files)}: {first_line(e)}"
         ) from None
 
 
@@ -121,7 +121,7 @@ def parameter_count(files: ModelFiles) -> int:
                 for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                     total += int(np.prod(f.get_slice(key).get_shape()))
         except (OSError, SafetensorError) as e:
-            raise ConfigError(FIELD, f"{path} is truncated or damaged ({_first_line(e)})") from None
+            raise ConfigError(FIELD, f"{path} is truncated or damaged ({first_line(e)})") from None
     if total == 0:  # other weight formats: assume two bytes per parameter
         total = sum(p.stat().st_size for p in files.folder.glob("*.bin")) // 2
     return total
@@ -176,7 +176,7 @@ def load_model(
         )
     except (OSError, ValueError, KeyError, RuntimeError, ImportError) as e:
         raise ConfigError(
-            FIELD, f"transformers cannot load {_name(files)}: {_first_line(e)}"
+            FIELD, f"transformers cannot load {_name(files)}: {first_line(e)}"
         ) from None
     return HFModel(hf.eval(), max_layers, name=str(path)), tokenizer, files
 
@@ -280,9 +280,4 @@ def _name(files: ModelFiles) -> str:
 
 
 def _damaged(files: ModelFiles, error: Exception) -> ConfigError:
-    return ConfigError(FIELD, f"{_name(files)} is truncated or damaged ({_first_line(error)})")
-
-
-def _first_line(error: Exception) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
+    return ConfigError(FIELD, f"{_name(files)} is truncated or damaged ({first_line(error)})")

@@ -43,7 +43,7 @@ from torch import nn
 
 from nopelab import __version__
 from nopelab.config import CorpusConfig, ModelConfig, TrainConfig, build
-from nopelab.errors import ConfigError, RunFailed, UserError
+from nopelab.errors import ConfigError, RunFailed, UserError, first_line
 from nopelab.limits import check_training
 from nopelab.models.transformer import Transformer
 from nopelab.plots import training_curves
@@ -260,8 +260,7 @@ class Log:
         try:
             frame = pd.read_csv(path)
         except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise UserError(f"--resume: {path} cannot be read ({reason})") from None
+            raise UserError(f"--resume: {path} cannot be read ({first_line(exc)})") from None
         if "step" not in frame or not pd.api.types.is_integer_dtype(frame["step"]):
             raise UserError(f"--resume: {path} has no column of whole step numbers")
         return frame
