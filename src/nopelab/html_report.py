@@ -12,7 +12,6 @@ import base64
 import html
 import json
 import os
-import platform
 import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -25,6 +24,7 @@ from nopelab.errors import UserError, first_line
 from nopelab.runtime.rundir import (
     RUN_MARKER,
     check_path,
+    environment,
     is_disk_full,
     missing_folders,
     remove_empty,
@@ -229,21 +229,13 @@ def _settings(contents: Contents) -> str:
         ran_with["written by"] = contents.json(RUN_MARKER)
     if contents.has("config.json"):
         ran_with["environment"] = contents.json("config.json").get("environment")
-    ran_with["this page"] = _versions()
+    ran_with["this page"] = environment()
     text = json.dumps({k: v for k, v in ran_with.items() if v is not None}, indent=2)
     return (
         "<h2>Settings and versions</h2>\n"
         + "\n".join(parts)
         + f"<h3>versions</h3><pre>{html.escape(text)}</pre>"
     )
-
-
-def _versions() -> dict[str, Any]:
-    import torch
-
-    from nopelab import __version__
-
-    return {"nopelab": __version__, "torch": torch.__version__, "python": platform.python_version()}
 
 
 def default_page(folder: Path) -> Path:

@@ -16,21 +16,19 @@ A run directory holds:
 from __future__ import annotations
 
 import json
-import platform
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
-from nopelab import __version__, plots
+from nopelab import plots
 from nopelab.config import RunConfig
 from nopelab.measure import theory
 from nopelab.measure.capture import CaptureResult
 from nopelab.runtime.device import resolve_device
-from nopelab.runtime.rundir import write_json
+from nopelab.runtime.rundir import environment, write_json
 
 
 def summary_rows(result: CaptureResult) -> list[dict[str, Any]]:
@@ -133,10 +131,6 @@ def first_layer_theory(cfg: RunConfig) -> np.ndarray | None:
         return None
     positions = np.arange(1, a.seq_len + 1)
     return theory.attn_output_variance(positions, m.d_model, m.init_std)
-
-
-def environment() -> dict[str, str]:
-    return {"nopelab": __version__, "torch": torch.__version__, "python": platform.python_version()}
 
 
 def markdown_table(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:

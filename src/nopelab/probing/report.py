@@ -19,8 +19,8 @@ from typing import Any
 import pandas as pd
 
 from nopelab import plots
-from nopelab.measure.report import environment, markdown_table
-from nopelab.runtime.rundir import write_json
+from nopelab.measure.report import markdown_table
+from nopelab.runtime.rundir import environment, write_json
 
 LABELS = ["model", "state"]
 

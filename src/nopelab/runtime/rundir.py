@@ -324,6 +324,15 @@ def _check_resumable(out: Path, marker: dict[str, Any]) -> None:
         raise UserError(f"--resume: the run in {out} has already finished")
 
 
+def environment() -> dict[str, str]:
+    """The versions a run was made with, recorded in its ``config.json``."""
+    import platform
+
+    import torch
+
+    return {"nopelab": __version__, "torch": torch.__version__, "python": platform.python_version()}
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write strict JSON: NaN and infinities (e.g. a speed with no time measured) become null."""
     path.write_text(json.dumps(_jsonable(data), indent=2, allow_nan=False) + "\n")

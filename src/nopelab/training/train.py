@@ -41,7 +41,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from nopelab import __version__
 from nopelab.config import CorpusConfig, ModelConfig, TrainConfig, build
 from nopelab.errors import ConfigError, RunFailed, UserError, first_line
 from nopelab.limits import check_training
@@ -52,6 +51,7 @@ from nopelab.runtime.rundir import (
     RUN_MARKER,
     check_out,
     check_path,
+    environment,
     locked,
     missing_folders,
     remove_empty,
@@ -400,7 +400,7 @@ def train(
                     config = {
                         **run.to_dict(),
                         "data": {"sha256": source.fingerprint},
-                        "environment": {"nopelab": __version__},
+                        "environment": environment(),
                     }
                     write_json(staging / CONFIG_FILE, config)
                     if isinstance(source, TextSource):
