@@ -87,7 +87,7 @@ def test_cells_cross_axes_zip_pairs_and_seeds_multiply() -> None:
         (grid_text('[axes]\n"model.pos_encoding" = ["fourier"]'), "axes.model.pos_encoding", "unknown value"),
         (grid_text('[axes]\n"model.n_layers" = [0]'), "axes.model.n_layers", "> 0"),
         ('command = "analyze"\n[base.model]\nn_layers = 0', "base.model.n_layers", "> 0"),
-        ('command = "analyze"\n[base.task]\nname = "copy"', "base.task", "unknown section"),
+        ('command = "analyze"\n[base.task]\nname = "copy"', "base", "unknown section 'task'"),
         (grid_text("", command="fit"), "command", "allowed: train"),
         (grid_text("", top="colour = 1"), "colour", "unknown key"),
         (grid_text('[zip]\n"model.d_model" = [32, 64]\n"model.n_heads" = [2]'), "zip", "same number"),

@@ -96,6 +96,13 @@ def _layer_numbers(name: str, values: tuple) -> None:
             raise ConfigError(name, f"expected layer numbers >= 0, got {layer!r}")
 
 
+def check_sections(data: dict[str, Any], allowed: tuple[str, ...], where: str = "config") -> None:
+    """Refuse a table of a config file (or of a grid's base) that is not an ``allowed`` section."""
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise ConfigError(where, f"unknown section {unknown[0]!r}; allowed: {', '.join(allowed)}")
+
+
 def check_positive(name: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(name, f"must be > 0, got {value!r}")
@@ -328,11 +335,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config") -> RunConfig:
-        unknown = set(data) - {"model", "analysis"}
-        if unknown:
-            raise ConfigError(
-                where, f"unknown section {sorted(unknown)[0]!r}; allowed: model, analysis"
-            )
+        check_sections(data, ("model", "analysis"), where)
         return cls(
             model=build(ModelConfig, data.get("model", {}), f"{where}.model"),
             analysis=build(AnalysisConfig, data.get("analysis", {}), f"{where}.analysis"),

@@ -11,7 +11,7 @@ import typer
 from nopelab.cli import resolve
 from nopelab.cli.app import ANALYSIS, OUTPUT, PROBE, Force, Out, app
 from nopelab.cli.options import Given, Group, with_options
-from nopelab.config import AnalysisConfig, InterventionConfig, ProbeConfig
+from nopelab.config import AnalysisConfig, InterventionConfig, ProbeConfig, check_sections
 
 INTERVENTION = "Intervention"
 
@@ -52,7 +52,7 @@ def intervene(
     from nopelab.training.train import read_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
-    resolve.check_sections(data, ("intervention", "analysis", "probe"))
+    check_sections(data, ("intervention", "analysis", "probe"))
     run = read_run(run_dir)
     for section in ("intervention", "analysis", "probe"):
         given.lay_over(data, section)

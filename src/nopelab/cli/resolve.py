@@ -7,7 +7,8 @@ from typing import Any
 
 from nopelab.api import Study
 from nopelab.cli.options import Given
-from nopelab.errors import ConfigError, UserError
+from nopelab.config import check_sections
+from nopelab.errors import UserError
 
 
 def hf_path(run_dir: Path | str | None) -> str | None:
@@ -25,13 +26,6 @@ def title(run_dir: Path | None) -> str:
         return "random-init model"
     path = hf_path(run_dir)
     return f"Hugging Face model {path}" if path else f"trained model {run_dir}"
-
-
-def check_sections(data: dict[str, Any], sections: tuple[str, ...]) -> None:
-    unknown = set(data) - set(sections)
-    if unknown:
-        allowed = ", ".join(sections)
-        raise ConfigError("config", f"unknown section {sorted(unknown)[0]!r}; allowed: {allowed}")
 
 
 def study(

@@ -45,6 +45,7 @@ from nopelab.config import (
     ModelConfig,
     ProbeConfig,
     TrainConfig,
+    check_sections,
 )
 from nopelab.errors import ConfigError, UserError
 from nopelab.training.tasks import TaskConfig
@@ -233,9 +234,8 @@ def parse_grid(data: dict[str, Any], name: str = "grid") -> Grid:
         raise ConfigError("command", f"unknown value {command!r}; allowed: {', '.join(COMMANDS)}")
     sections = COMMANDS[command]
     base = _table(data, "base")
+    check_sections(base, sections, "base")
     for section, table in base.items():
-        if section not in sections:
-            raise ConfigError(f"base.{section}", f"unknown section; allowed: {', '.join(sections)}")
         if not isinstance(table, dict):
             raise ConfigError(f"base.{section}", f"expected a table, got {table!r}")
     axes, zipped = _axes(data, "axes", sections), _axes(data, "zip", sections)

@@ -41,7 +41,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from nopelab.config import CorpusConfig, ModelConfig, TrainConfig, build
+from nopelab.config import CorpusConfig, ModelConfig, TrainConfig, build, check_sections
 from nopelab.errors import ConfigError, RunFailed, UserError, first_line
 from nopelab.limits import check_training
 from nopelab.models.transformer import Transformer
@@ -101,13 +101,9 @@ class TrainRun:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config") -> TrainRun:
-        allowed = {"model", "train", "task", "corpus"}
-        unknown = set(data) - allowed - {"environment", "data"}  # written with the run
-        if unknown:
-            raise ConfigError(
-                where,
-                f"unknown section {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(allowed))}",
-            )
+        written = {"environment", "data"}  # written with the run, not settings
+        sections = ("model", "train", "task", "corpus")
+        check_sections({k: v for k, v in data.items() if k not in written}, sections, where)
         return cls(
             model=build(ModelConfig, data.get("model", {}), f"{where}.model"),
             train=build(TrainConfig, data.get("train", {}), f"{where}.train"),
