@@ -19,7 +19,8 @@ import time
 import torch
 
 from nopelab.config import FEATURES, PROBES, AnalysisConfig, ModelConfig, ProbeConfig
-from nopelab.measure.analysis import build_model, input_batches
+from nopelab.measure.analysis import input_batches
+from nopelab.models.transformer import build_model
 from nopelab.probing.features import collect, feature_matrix
 from nopelab.probing.probes import fit_probe, position_targets, sequence_splits
 

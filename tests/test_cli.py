@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from conftest import failure_line, run_cli
 from nopelab.cli import app
-from nopelab.runtime import device
+from nopelab.runtime import progress as progress_module
 
 TINY = [
     "--layers",
@@ -338,9 +338,9 @@ def test_every_help_text_is_shown_whole() -> None:
 
 def test_a_long_stage_prints_a_line_per_tenth_where_no_bar_is_shown(capsys, monkeypatch) -> None:
     clock = iter(range(0, 10_000, 2))  # two seconds pass between any two readings
-    monkeypatch.setattr(device.time, "monotonic", lambda: next(clock))
-    monkeypatch.setattr(device, "_STARTED", 0)
-    with device.progress("work", total=20) as advance:
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(progress_module, "_STARTED", 0)
+    with progress_module.progress("work", total=20) as advance:
         for _ in range(20):
             advance(1)
     lines = capsys.readouterr().err.splitlines()
@@ -353,12 +353,12 @@ def test_a_long_stage_prints_a_line_per_tenth_where_no_bar_is_shown(capsys, monk
 
 
 def test_a_quick_stage_prints_its_start_and_end_only(capsys, monkeypatch) -> None:
-    monkeypatch.setattr(device.time, "monotonic", lambda: 5.0)  # no time passes
-    monkeypatch.setattr(device, "_STARTED", 0)
-    with device.progress("quick", total=8) as advance:
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: 5.0)  # no time passes
+    monkeypatch.setattr(progress_module, "_STARTED", 0)
+    with progress_module.progress("quick", total=8) as advance:
         for _ in range(4):
             advance(2)
-    with device.progress("hidden", total=8, visible=False) as advance:
+    with progress_module.progress("hidden", total=8, visible=False) as advance:
         advance(8)
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(" (")[0] for line in lines] == ["quick", "quick: 100 %"]

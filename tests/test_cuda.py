@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, TrainConfig
-from nopelab.measure.analysis import analyze_model, build_model
+from nopelab.measure.analysis import analyze_model
+from nopelab.models.transformer import build_model
 from nopelab.probing.probes import fit_probe, position_targets, sequence_splits
 from nopelab.training.tasks import TaskConfig
 from nopelab.training.train import TrainRun, train

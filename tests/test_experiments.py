@@ -16,12 +16,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import assert_matches_reference
 from nopelab.cli import main
 from nopelab.config import ModelConfig, RunConfig, TrainConfig
 from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS, chi2023_pretrained
-from nopelab.experiments import trained as trained_module
-from nopelab.experiments.trained import stage_folder, train_into
+from nopelab.experiments import train_and_measure as trained_module
+from nopelab.experiments.train_and_measure import stage_folder, train_into
 from nopelab.models.transformer import Transformer
 from nopelab.runtime.rundir import write_marker
 from nopelab.sweep.jobs import DONE
@@ -51,6 +52,22 @@ def test_chi2023_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "d²σ⁴" in text and "first/last" in text
     for name in ("variance.png", "attention.png", "attention.parquet", "cosine.npz"):
         assert (out / name).exists()
+    assert_matches_reference(out, "chi2023-random-init")
+
+    # the position probes on the frozen random model
+    probes = pd.read_parquet(out / "probes.parquet")
+    T, L = 64, 3
+    for _, rows in probes.groupby(["site", "features"]):
+        assert sorted(rows["layer"]) == list(range(1, L + 1))  # one probe row per layer
+    assert set(probes.groupby(["site", "features"]).groups) == {
+        (site, features) for site in ("resid_post", "attn_out") for features in ("raw", "variance")
+    }
+    assert (probes["probe"] == "mlp-reg").all()
+    assert probes["baseline"].between(0.9 * T / 4, 1.1 * T / 4).all()  # predict the middle
+    assert (probes["seeds"] >= 3).all() and probes[["mae_std", "r"]].notna().all().all()
+    assert "Position probes on the frozen random model" in text and "T/4 = 16" in text
+    assert "beats the baseline" in text
+    assert (out / "probes.png").stat().st_size > 0
 
 
 @pytest.mark.slow
@@ -75,6 +92,7 @@ def test_zuo2025_random_init_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     ):
         assert (out / name).stat().st_size > 0
     assert (out / "runs" / "causal-nope" / "cosine.npz").exists()
+    assert_matches_reference(out, "zuo2025-random-init")
 
 
 @pytest.mark.slow
@@ -121,6 +139,7 @@ def test_zuo2025_trained_smoke_interrupted_and_resumed(
             pd.read_parquet(f / name).drop(columns=timing, errors="ignore") for f in (out, whole)
         )
         pd.testing.assert_frame_equal(a, b)
+    assert_matches_reference(whole, "zuo2025-trained")
 
     accuracy = pd.read_parquet(out / "accuracy.parquet")
     assert len(accuracy) == 4 * 3 and accuracy["accuracy"].between(0, 1).all()
@@ -181,6 +200,7 @@ def test_chi2023_pretrained_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert "does the variance shrinkage survive training" in (out / "summary.md").read_text()
     assert (out / "variance.png").stat().st_size > 0
     assert (out / "runs" / "lm-none" / "tokenizer.json").is_file()
+    assert_matches_reference(out, "chi2023-pretrained")
 
     # the models ran as Ray tasks of one thread; one after another here, the numbers are equal
     monkeypatch.setattr(chi2023_pretrained, "default_workers", lambda device: 1)
@@ -228,26 +248,7 @@ def test_haviv2022_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert "341.33" in text and "shape" in text.lower() and "| none | linear-cls |" in text
     assert (out / "probes.png").stat().st_size > 0
     assert (out / "runs" / "lm-alibi" / "model.safetensors").is_file()
-
-
-@pytest.mark.slow
-def test_chi2023_probes_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    out = tmp_path / "chi"
-    reproduce(["chi2023", "--out", str(out)], monkeypatch)
-    probes = pd.read_parquet(out / "probes.parquet")
-    T, L = 64, 3
-    for _, rows in probes.groupby(["site", "features"]):
-        assert sorted(rows["layer"]) == list(range(1, L + 1))  # one probe row per layer
-    assert set(probes.groupby(["site", "features"]).groups) == {
-        (site, features) for site in ("resid_post", "attn_out") for features in ("raw", "variance")
-    }
-    assert (probes["probe"] == "mlp-reg").all()
-    assert probes["baseline"].between(0.9 * T / 4, 1.1 * T / 4).all()  # predict the middle
-    assert (probes["seeds"] >= 3).all() and probes[["mae_std", "r"]].notna().all().all()
-    text = (out / "summary.md").read_text()
-    assert "Position probes on the frozen random model" in text and "T/4 = 16" in text
-    assert "beats the baseline" in text
-    assert (out / "probes.png").stat().st_size > 0
+    assert_matches_reference(out, "haviv2022-pretrained")
 
 
 @pytest.mark.slow
@@ -274,6 +275,7 @@ def test_zuo2025_probes_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     text = (out / "summary.md").read_text()
     assert "## Verdict" in text and "Overall:" in text
     assert (out / "probes.png").stat().st_size > 0
+    assert_matches_reference(out, "zuo2025-probes")
 
     # --models: the same numbers from the trained part's models, without training them again
     trained = tmp_path / "zuo-trained"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import assert_matches_reference, run_cli
 from hf_tiny import ARCHITECTURES, LAYERS, ROPE_LAYERS, VOCAB, tiny
 from nopelab import limits
 from nopelab.config import DEFAULT_SITES, AnalysisConfig, ProbeConfig
@@ -463,3 +463,4 @@ def test_reproduce_real_model_smoke(tmp_path, monkeypatch):
     assert {row["model"] for row in summary["probes"]} == {"rope", "nope-every-4th", "nope-all"}
     for name in ("summary.md", "scores.png", "probes.png", "cosine_rope.png", "positions.parquet"):
         assert (out / name).is_file()
+    assert_matches_reference(out, "real-model-smollm2")

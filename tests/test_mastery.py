@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import assert_matches_reference, run_cli
 from nopelab.config import ModelConfig, TrainConfig
 from nopelab.errors import ConfigError
 from nopelab.experiments import zuo2025_mastery, zuo2025_trained
-from nopelab.experiments.trained import stage_folder, train_into
+from nopelab.experiments.train_and_measure import stage_folder, train_into
 from nopelab.training.tasks import TaskConfig
 from nopelab.training.train import TrainRun, train
 
@@ -176,3 +177,13 @@ def test_mastery_part_reports_every_seed(tmp_path: Path, monkeypatch: pytest.Mon
     text = (tmp_path / "summary.md").read_text()
     assert "seeds 5, 6" in text and "| wherex | none |" in text
     assert (tmp_path / "mastery.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_mastery_smoke_matches_the_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "mastery"
+    argv = ["reproduce", "zuo2025", "--part", "mastery", "--scale", "smoke", "--device", "cpu"]
+    assert run_cli([*argv, "--out", str(out)], monkeypatch) == 0
+    assert_matches_reference(out, "zuo2025-mastery")

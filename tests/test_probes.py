@@ -17,7 +17,8 @@ from conftest import run_cli
 from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, TrainConfig
 from nopelab.errors import ConfigError, UserError
 from nopelab.measure import theory
-from nopelab.measure.analysis import build_model, input_batches
+from nopelab.measure.analysis import input_batches
+from nopelab.models.transformer import build_model
 from nopelab.probing.features import collect, feature_matrix, sorted_similarities
 from nopelab.probing.pipeline import collect_for_probes, probe_model, vocab_halves
 from nopelab.probing.probes import fit_probe, position_targets, sequence_splits, summarize

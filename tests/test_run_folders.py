@@ -137,7 +137,7 @@ def test_a_failed_run_leaves_nothing_not_even_parents(tmp_path, capsys, monkeypa
     def fail(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", "somewhere")
 
-    monkeypatch.setattr("nopelab.measure.report.write_analysis", fail)
+    monkeypatch.setattr("nopelab.measure.run_files.write_analysis", fail)
     out = tmp_path / "a" / "b" / "run"
     assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 1
     assert "No space left on device" in failure_line(capsys.readouterr().err)

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from nopelab.config import SITES, AnalysisConfig, ModelConfig
-from nopelab.measure.analysis import analyze_model, build_model, input_batches
+from nopelab.measure.analysis import analyze_model, input_batches
 from nopelab.measure.capture import site_modules
 from nopelab.measure.stats import RunningMoments
+from nopelab.models.transformer import build_model
 
 
 def _stored_activations(model, model_cfg, cfg) -> dict:

@@ -17,7 +17,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     if name == "summary_rows":
-        from nopelab.measure.report import summary_rows
+        from nopelab.measure.run_files import summary_rows
 
         return summary_rows
     raise AttributeError(f"module 'nopelab' has no attribute {name!r}")

@@ -60,7 +60,7 @@ def load(
     random-init model is built; after a training run's checkpoint is read).
     """
     from nopelab.limits import check_analysis
-    from nopelab.measure.analysis import build_model
+    from nopelab.models.transformer import build_model
 
     analysis = dict(analysis or {})
     if target is not None:

@@ -103,6 +103,19 @@ def check_sections(data: dict[str, Any], allowed: tuple[str, ...], where: str = 
         raise ConfigError(where, f"unknown section {unknown[0]!r}; allowed: {', '.join(allowed)}")
 
 
+def first_difference(
+    old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], ignore: tuple[str, ...] = ()
+) -> tuple[str, Any, Any] | None:
+    """The first ``section.key`` (in sorted order, outside ``ignore``) whose value differs
+    between two configs given section by section, with its old and new value."""
+    for section in sorted(set(old) | set(new)):
+        a, b = old.get(section, {}), new.get(section, {})
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key) and f"{section}.{key}" not in ignore:
+                return f"{section}.{key}", a.get(key), b.get(key)
+    return None
+
+
 def check_positive(name: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(name, f"must be > 0, got {value!r}")

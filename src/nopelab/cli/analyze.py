@@ -39,8 +39,9 @@ def analyze(
     """
     from nopelab.config import read_config_file
     from nopelab.measure.analysis import analyze_model
-    from nopelab.measure.report import write_analysis
-    from nopelab.runtime.device import resolve_device, stage
+    from nopelab.measure.run_files import write_analysis
+    from nopelab.runtime.device import resolve_device
+    from nopelab.runtime.progress import stage
     from nopelab.runtime.rundir import check_out, default_out, staged_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}

@@ -56,11 +56,11 @@ def compare_signals(
     Regression probes per layer for random-init and trained models, a verdict table, a figure.
     """
     from nopelab.config import read_config_file
-    from nopelab.measure.analysis import build_model
+    from nopelab.models.transformer import build_model
     from nopelab.probing.pipeline import probe_model
-    from nopelab.probing.report import write_probes
+    from nopelab.probing.run_files import write_probes
     from nopelab.probing.signals import verdict
-    from nopelab.runtime.device import stage
+    from nopelab.runtime.progress import stage
     from nopelab.runtime.rundir import default_out, staged_run
     from nopelab.training.train import read_run
 

@@ -56,8 +56,8 @@ def probe(
     Pearson r (regressors), per site and layer, against the predict-the-middle baseline."""
     from nopelab.config import read_config_file
     from nopelab.probing.pipeline import probe_model
-    from nopelab.probing.report import write_probes
-    from nopelab.runtime.device import stage
+    from nopelab.probing.run_files import write_probes
+    from nopelab.runtime.progress import stage
     from nopelab.runtime.rundir import check_out, default_out, staged_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}

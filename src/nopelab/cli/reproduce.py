@@ -56,7 +56,7 @@ def reproduce(
 ) -> None:
     """Reproduce a paper's results at a chosen scale, with figures and a markdown summary."""
     from nopelab.experiments import EXPERIMENTS
-    from nopelab.runtime.rundir import default_out, resumable_run, staged_run
+    from nopelab.runtime.rundir import check_resume, default_out, resumable_run, staged_run
 
     if paper not in EXPERIMENTS:
         raise UserError(f"paper: unknown {paper!r}; allowed: {', '.join(EXPERIMENTS)}")
@@ -78,8 +78,7 @@ def reproduce(
             f"--resume: {paper} --part {part} cannot be resumed; allowed for "
             + ", ".join(resumable)
         )
-    if resume and (out is None or force):
-        raise UserError("--resume: give the run folder with --out (and no --force)")
+    check_resume(resume, force, out)
     out = out or default_out(f"{paper}-{part}-{scale}")
     from nopelab.runtime.device import resolve_device
 

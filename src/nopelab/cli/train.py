@@ -49,14 +49,11 @@ def train(
 ) -> None:
     """Train a model on a synthetic task (--task) or on text (--corpus); torchrun runs it data-parallel."""
     from nopelab.config import build, read_config_file
-    from nopelab.runtime.rundir import is_disk_full
+    from nopelab.runtime.rundir import check_resume, is_disk_full
     from nopelab.training.train import TrainRun, data_vocab_size, read_run
     from nopelab.training.train import train as run_training
 
-    if resume and force:
-        raise UserError("--resume and --force exclude each other")
-    if resume and out is None:
-        raise UserError("--resume: give the run directory with --out")
+    check_resume(resume, force, out)
     if resume:
         if not (out / "config.json").is_file():
             raise UserError(f"--resume: {out} holds no training run (no config.json)")

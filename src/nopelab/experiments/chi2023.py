@@ -22,12 +22,15 @@ import pandas as pd
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, RunConfig
 from nopelab.measure import theory
-from nopelab.measure.analysis import analyze_model, build_model
+from nopelab.measure.analysis import analyze_model
 from nopelab.measure.capture import CaptureResult
-from nopelab.measure.report import markdown_table, write_analysis
+from nopelab.measure.run_files import write_analysis
 from nopelab.measure.stats import AttentionResult
+from nopelab.models.transformer import build_model
 from nopelab.probing.pipeline import probe_model
-from nopelab.runtime.device import resolve_device, stage
+from nopelab.runtime.device import resolve_device
+from nopelab.runtime.progress import stage
+from nopelab.tables import markdown_table, mean_std
 
 SIGMA = 0.02
 SCALES = {
@@ -111,10 +114,7 @@ def probe_table(probes: pd.DataFrame) -> pd.DataFrame:
         for features in PROBE_FEATURES:
             rows = probes[(probes["site"] == site) & (probes["features"] == features)]
             rows = rows.set_index("layer")
-            table[f"{site} {features}"] = [
-                f"{m:.3g} ± {s:.2g} (r {r:.2f})"
-                for m, s, r in zip(rows["mae"], rows["mae_std"], rows["r"], strict=True)
-            ]
+            table[f"{site} {features}"] = mean_std(rows["mae"], rows["mae_std"], rows["r"])
     table["baseline"] = probes.groupby("layer")["baseline"].mean().round(2)
     return table.reset_index()
 

@@ -16,17 +16,17 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig
-from nopelab.experiments.trained import (
+from nopelab.experiments.train_and_measure import (
     Trained,
     lm_runs,
     perplexity_row,
     read_trained,
     train_and_analyze,
 )
-from nopelab.measure.report import markdown_table
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.jobs import Job, default_workers, run_jobs
+from nopelab.tables import markdown_table
 from nopelab.training.train import TrainRun
 
 POS_ENCODINGS = ("none", "learned", "rope")

@@ -23,12 +23,12 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ProbeConfig
-from nopelab.experiments.trained import lm_runs, perplexity_row, train_into
-from nopelab.measure.report import markdown_table
+from nopelab.experiments.train_and_measure import lm_runs, perplexity_row, train_into
 from nopelab.probing.pipeline import probe_model
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.jobs import Job, default_workers, run_jobs
+from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training.train import TrainRun, load_trained, make_source
 
 POS_ENCODINGS = ("none", "learned", "sinusoidal", "alibi")
@@ -128,23 +128,12 @@ def published_table() -> pd.DataFrame:
     )
 
 
-def _cells(frame: pd.DataFrame, value: str) -> pd.Series:
-    return pd.Series(
-        [f"{m:.3g} ± {s:.2g}" for m, s in zip(frame[value], frame[f"{value}_std"], strict=True)],
-        index=frame.index,
-    )
-
-
 def mad_table(probes: pd.DataFrame) -> pd.DataFrame:
     """One row per (encoding, probe): MAD ± std per layer, the predict-the-middle baseline and
     the random-guess baseline."""
-    table = (
-        probes.assign(cell=_cells(probes, "mad"))
-        .pivot(index=["pos_encoding", "probe"], columns="layer", values="cell")
-        .reindex(pd.MultiIndex.from_product([POS_ENCODINGS, PROBES]))
-        .rename_axis(["pos_encoding", "probe"])
-    )
-    table.columns = [f"L{c}" for c in table.columns]
+    rows = pd.MultiIndex.from_product([POS_ENCODINGS, PROBES])
+    cells = mean_std(probes["mad"], probes["mad_std"])
+    table = by_layer(probes, ["pos_encoding", "probe"], cells, rows)
     table["baseline"] = probes.groupby(["pos_encoding", "probe"])["baseline"].mean().round(2)
     table["random"] = probes.groupby(["pos_encoding", "probe"])["random_baseline"].first().round(2)
     return table.reset_index()

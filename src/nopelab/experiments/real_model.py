@@ -32,12 +32,14 @@ from nopelab import plots
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import ConfigError
 from nopelab.measure.analysis import analyze_model
-from nopelab.measure.report import markdown_table, positions_table, summary_rows
+from nopelab.measure.run_files import positions_table, summary_rows
 from nopelab.probing.pipeline import probe_model
-from nopelab.probing.report import readable
+from nopelab.probing.run_files import readable
 from nopelab.probing.signals import verdict
-from nopelab.runtime.device import resolve_device, stage
+from nopelab.runtime.device import resolve_device
+from nopelab.runtime.progress import stage
 from nopelab.runtime.rundir import environment, write_json
+from nopelab.tables import markdown_table
 from nopelab.training.sources import token_loss
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -19,11 +19,13 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, RunConfig
-from nopelab.measure.analysis import analyze_model, build_model
-from nopelab.measure.report import markdown_table, read_analysis, write_analysis
+from nopelab.measure.analysis import analyze_model
+from nopelab.measure.run_files import read_analysis, write_analysis
+from nopelab.models.transformer import build_model
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.jobs import Job, default_workers, run_jobs
+from nopelab.tables import by_layer, markdown_table, mean_std
 
 SCALES = {
     "smoke": dict(d_model=48, n_heads=2, n_layers=2, seq_len=32, samples=8, batch_size=8),
@@ -141,17 +143,8 @@ def run(settings: Settings, out: Path) -> None:
 
 
 def score_table(frame: pd.DataFrame) -> pd.DataFrame:
-    cell = frame.assign(
-        score=[
-            f"{m:.3f} ± {s:.3f}"
-            for m, s in zip(frame["adjacency_mean"], frame["adjacency_std"], strict=True)
-        ]
-    )
-    return (
-        cell.pivot(index="run", columns="layer", values="score")
-        .reindex(frame["run"].unique())
-        .reset_index()
-    )
+    cells = mean_std(frame["adjacency_mean"], frame["adjacency_std"], digits=(".3f", ".3f"))
+    return by_layer(frame, ["run"], cells, frame["run"].unique()).reset_index()
 
 
 def summary_text(settings: Settings, attn: pd.DataFrame, grid: list[str]) -> str:

@@ -21,10 +21,10 @@ from pathlib import Path
 import pandas as pd
 
 from nopelab.experiments import zuo2025_trained as trained
-from nopelab.experiments.trained import stage_folder, train_into
-from nopelab.measure.report import markdown_table
+from nopelab.experiments.train_and_measure import stage_folder, train_into
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.jobs import Job, run_jobs
+from nopelab.tables import markdown_table
 from nopelab.training.train import TrainRun
 
 SEEDS = 3

@@ -27,16 +27,16 @@ from nopelab import plots
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import UserError
 from nopelab.experiments import zuo2025_trained
-from nopelab.experiments.trained import train_into
-from nopelab.measure.analysis import build_model
-from nopelab.measure.report import markdown_table
-from nopelab.models.transformer import Transformer
+from nopelab.experiments.train_and_measure import train_into
+from nopelab.models.transformer import Transformer, build_model
 from nopelab.probing import signals
 from nopelab.probing.pipeline import probe_model, vocab_halves
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.jobs import Job, run_jobs
+from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training import tasks
+from nopelab.training.task_kinds import DIGITS
 from nopelab.training.train import TrainRun, load_trained, read_run
 
 FEATURES = ("raw", "norm", "variance", "cos_last", "cos_row", "norm+cos_last")
@@ -130,7 +130,7 @@ def restrict_vocab(model: Transformer, ids: list[int]) -> Transformer:
     return restricted.eval()
 
 
-DIGIT_IDS = tasks.encode(tasks.DIGITS)
+DIGIT_IDS = tasks.encode(DIGITS)
 
 
 def _probe(model: Transformer, settings: Settings, label: str, state: str) -> list[dict]:
@@ -160,26 +160,13 @@ def verdict_table(probes: pd.DataFrame) -> pd.DataFrame:
     return table[first + [c for c in table.columns if c not in (*first, "state", "site")]]
 
 
-def _cell(mae: float, std: float, r: float) -> str:
-    return f"{mae:.3g} ± {std:.2g} (r {r:.2f})"
-
-
 def probe_table(probes: pd.DataFrame, target: str) -> pd.DataFrame:
     """Rows (model, site, features), columns per layer: MAE ± std (Pearson r), the baseline."""
     rows = probes[probes["target"] == target]
-    cells = rows.assign(
-        cell=[
-            _cell(m, s, r) for m, s, r in zip(rows["mae"], rows["mae_std"], rows["r"], strict=True)
-        ]
-    )
     models = list(dict.fromkeys(rows["model"]))
     index = ["model", "site", "features"]
-    table = (
-        cells.pivot(index=index, columns="layer", values="cell")
-        .reindex(pd.MultiIndex.from_product([models, SITES, FEATURES]))
-        .rename_axis(index)
-    )
-    table.columns = [f"L{c}" for c in table.columns]
+    cells = mean_std(rows["mae"], rows["mae_std"], rows["r"])
+    table = by_layer(rows, index, cells, pd.MultiIndex.from_product([models, SITES, FEATURES]))
     table["baseline"] = rows.groupby(index)["baseline"].mean().round(2)
     return table.reset_index()
 
@@ -328,8 +315,8 @@ def summary_text(
     p = settings.probes["position"]
     train_ids, test_ids = vocab_halves(len(DIGIT_IDS), a.seed)
     halves = (
-        f"train on {''.join(tasks.DIGITS[i] for i in train_ids)}, "
-        f"test on {''.join(tasks.DIGITS[i] for i in test_ids)}"
+        f"train on {''.join(DIGITS[i] for i in train_ids)}, "
+        f"test on {''.join(DIGITS[i] for i in test_ids)}"
     )
     accuracies = ", ".join(f"{row['task']} {row['accuracy']:.3f}" for row in accuracy)
     return f"""# Zuo et al. 2025 — variance or similarity: which carries position?

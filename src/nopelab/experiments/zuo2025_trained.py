@@ -33,11 +33,11 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, TrainConfig
-from nopelab.experiments.trained import read_trained, stage_folder, train_and_analyze
-from nopelab.measure.report import markdown_table
+from nopelab.experiments.train_and_measure import read_trained, stage_folder, train_and_analyze
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.jobs import Job, default_workers, run_jobs
+from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training.tasks import TaskConfig, max_line_len, max_prompt_len
 from nopelab.training.train import TrainRun
 
@@ -272,21 +272,9 @@ def run(settings: Settings, out: Path) -> None:
 def _score_table(scores: pd.DataFrame, site: str) -> pd.DataFrame:
     """Rows (task, encoding, state), columns per layer: adjacency mean ± std at ``site``."""
     frame = scores[scores["site"] == site]
-    frame = frame.assign(
-        score=[
-            f"{m:.3f} ± {s:.3f}"
-            for m, s in zip(frame["adjacency_mean"], frame["adjacency_std"], strict=True)
-        ]
-    )
+    cells = mean_std(frame["adjacency_mean"], frame["adjacency_std"], digits=(".3f", ".3f"))
     order = pd.MultiIndex.from_product([TASKS, POS_ENCODINGS, ("init", "trained")])
-    table = (
-        frame.pivot(index=["task", "pos_encoding", "state"], columns="layer", values="score")
-        .reindex(order)
-        .rename_axis(["task", "pos_encoding", "state"])
-        .reset_index()
-    )
-    table.columns = [f"L{c}" if isinstance(c, int) else c for c in table.columns]
-    return table
+    return by_layer(frame, ["task", "pos_encoding", "state"], cells, order).reset_index()
 
 
 def summary_text(settings: Settings, accuracy: pd.DataFrame, scores: pd.DataFrame) -> str:

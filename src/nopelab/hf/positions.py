@@ -85,8 +85,8 @@ def position_use(
 def write_position_use(out: Path, use: list[PositionUse]) -> None:
     """Add the measurement to an analysis run directory: ``position_use.parquet``, a
     ``position_use`` list in ``summary.json`` and a section of ``summary.md``."""
-    from nopelab.measure.report import markdown_table
     from nopelab.runtime.rundir import write_json
+    from nopelab.tables import markdown_table
 
     frame = pd.DataFrame([asdict(u) for u in use])
     frame.to_parquet(out / "position_use.parquet", index=False)

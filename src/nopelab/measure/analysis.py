@@ -11,17 +11,11 @@ from nopelab.config import AnalysisConfig, ModelConfig
 from nopelab.errors import ConfigError
 from nopelab.measure.capture import CaptureResult, StreamingCapture
 from nopelab.models.transformer import Transformer
-from nopelab.runtime.device import progress as show_progress
 from nopelab.runtime.device import resolve_device
+from nopelab.runtime.progress import progress as show_progress
 
 if TYPE_CHECKING:
     from nopelab.training.sources import Source
-
-
-def build_model(cfg: ModelConfig, seed: int) -> Transformer:
-    """A randomly initialised model; the same seed gives the same weights on every device."""
-    torch.manual_seed(seed)
-    return Transformer(cfg).eval()
 
 
 def input_batches(

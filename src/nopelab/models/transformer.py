@@ -95,8 +95,9 @@ class SinusoidalPositionalEmbedding(nn.Module):
 # ------------------------------------------------------------ attention-level encodings
 
 
-class NoAttentionPE(nn.Module):
-    """NoPE inside attention: queries and keys are left alone, no bias."""
+class AttentionPE(nn.Module):
+    """A position signal inside attention: it may rotate queries and keys (``rotate``) and add
+    a bias to the logits (``bias``); by default it does neither."""
 
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return q, k
@@ -105,12 +106,16 @@ class NoAttentionPE(nn.Module):
         return None
 
 
+class NoAttentionPE(AttentionPE):
+    """NoPE inside attention (the null object): queries and keys are left alone, no bias."""
+
+
 def rotate_half(x: Tensor) -> Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
 
-class RotaryPE(NoAttentionPE):
+class RotaryPE(AttentionPE):
     """RoPE (Su et al.) in the half-split layout that Llama and GPT-NeoX use."""
 
     def __init__(self, head_dim: int, theta: float):
@@ -139,7 +144,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
     return torch.tensor(slopes)
 
 
-class ALiBiPE(NoAttentionPE):
+class ALiBiPE(AttentionPE):
     """ALiBi: a per-head linear penalty on query-key distance, added to the logits."""
 
     def __init__(self, n_heads: int):
@@ -162,7 +167,7 @@ def make_input_pe(cfg: ModelConfig) -> nn.Module:
     return NoPositionalEmbedding()
 
 
-def make_attention_pe(cfg: ModelConfig, layer: int) -> NoAttentionPE:
+def make_attention_pe(cfg: ModelConfig, layer: int) -> AttentionPE:
     if not cfg.attention_pe_layers()[layer]:
         return NoAttentionPE()
     if cfg.pos_encoding == "rope":
@@ -372,3 +377,10 @@ def init_weights(model: Transformer, cfg: ModelConfig) -> None:
             nn.init.xavier_uniform_(param)
         elif cfg.init == "kaiming_uniform":
             nn.init.kaiming_uniform_(param, a=1)  # bound sqrt(3 / fan_in), as in Zuo et al.
+
+
+def build_model(cfg: ModelConfig, seed: int) -> Transformer:
+    """A randomly initialised model, in eval mode; the same seed gives the same weights on
+    every device."""
+    torch.manual_seed(seed)
+    return Transformer(cfg).eval()

@@ -60,13 +60,14 @@ from nopelab.errors import ConfigError
 from nopelab.limits import check_interventions
 from nopelab.measure.analysis import input_batches
 from nopelab.measure.capture import SiteKey, site_modules
-from nopelab.measure.report import markdown_table
 from nopelab.models.transformer import Transformer
 from nopelab.probing.features import EPS, collect, feature_matrix
 from nopelab.probing.probes import Split, fit_probe, position_targets, sequence_splits, summarize
-from nopelab.runtime.device import progress as show_progress
-from nopelab.runtime.device import resolve_device, stage
+from nopelab.runtime.device import resolve_device
+from nopelab.runtime.progress import progress as show_progress
+from nopelab.runtime.progress import stage
 from nopelab.runtime.rundir import environment, write_json
+from nopelab.tables import markdown_table
 from nopelab.training.sources import Source
 from nopelab.training.train import load_trained, make_source
 

@@ -27,8 +27,8 @@ from nopelab.probing.probes import (
     summarize,
     test_count,
 )
-from nopelab.runtime.device import progress as show_progress
 from nopelab.runtime.device import resolve_device
+from nopelab.runtime.progress import progress as show_progress
 
 if TYPE_CHECKING:
     from nopelab.training.sources import Source

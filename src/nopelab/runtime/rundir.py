@@ -285,6 +285,14 @@ def is_disk_full(exc: OSError) -> bool:
 MARKER = "reproduction.json"  # what a resumable run folder holds while it is being written
 
 
+def check_resume(resume: bool, force: bool, out: Path | None) -> None:
+    """``--resume`` continues the run in ``--out``: it needs ``--out`` and excludes ``--force``."""
+    if resume and force:
+        raise UserError("--resume and --force exclude each other")
+    if resume and out is None:
+        raise UserError("--resume: give the run folder with --out")
+
+
 @contextmanager
 def resumable_run(
     out: Path, marker: dict[str, Any], resume: bool, force: bool, inputs: Sequence[Path] = ()

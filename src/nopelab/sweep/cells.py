@@ -45,7 +45,7 @@ def _train(cell: Cell, out: Path) -> dict[str, Any]:
 
 def _analyze(cell: Cell, out: Path, trained: Path | None) -> list[dict[str, Any]]:
     import nopelab
-    from nopelab.measure.report import write_analysis
+    from nopelab.measure.run_files import write_analysis
 
     out.mkdir(parents=True, exist_ok=True)
     analysis = cell.settings.get("analysis", {})
@@ -67,7 +67,7 @@ def _probe(cell: Cell, folder: Path) -> list[dict[str, Any]]:
     import nopelab
     from nopelab.config import ProbeConfig, build
     from nopelab.probing.pipeline import probe_model
-    from nopelab.probing.report import write_probes
+    from nopelab.probing.run_files import write_probes
 
     study = nopelab.load(
         model=cell.settings.get("model", {}),

@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from nopelab.errors import UserError, first_line
-from nopelab.runtime.device import progress_bar, say
+from nopelab.runtime.progress import progress_bar, say
 from nopelab.runtime.rundir import (
     check_path,
     locked,

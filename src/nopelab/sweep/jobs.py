@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from nopelab.errors import RunFailed, UserError, first_line
-from nopelab.runtime.device import progress_bar, say
+from nopelab.runtime.progress import progress_bar, say
 from nopelab.runtime.rundir import replace_atomically
 from nopelab.sweep.cluster import start_ray, worker_threads
 

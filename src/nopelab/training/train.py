@@ -41,16 +41,25 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from nopelab.config import CorpusConfig, ModelConfig, TrainConfig, build, check_sections
+from nopelab.config import (
+    CorpusConfig,
+    ModelConfig,
+    TrainConfig,
+    build,
+    check_sections,
+    first_difference,
+)
 from nopelab.errors import ConfigError, RunFailed, UserError, first_line
 from nopelab.limits import check_training
 from nopelab.models.transformer import Transformer
 from nopelab.plots import training_curves
-from nopelab.runtime.device import progress_bar, resolve_device, stage
+from nopelab.runtime.device import resolve_device
+from nopelab.runtime.progress import progress_bar, stage
 from nopelab.runtime.rundir import (
     RUN_MARKER,
     check_out,
     check_path,
+    check_resume,
     environment,
     locked,
     missing_folders,
@@ -291,8 +300,7 @@ def prepare_out(out: Path, resume: bool, force: bool, steps: int | None = None) 
     ``steps``: the total a resumed run trains to; a finished run continues only to more steps
     than it was started with.
     """
-    if resume and force:
-        raise UserError("--resume and --force exclude each other")
+    check_resume(resume, force, out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out: {out} exists and is not a directory")
     holds_files = out.is_dir() and any(out.iterdir())
@@ -426,15 +434,14 @@ def check_init_from(run: TrainRun, out: Path) -> None:
         theirs = read_run(source).model
     except UserError as exc:
         raise UserError(f"--init-from: {exc}") from None
-    if theirs != run.model:
-        field_ = next(
-            f.name
-            for f in dataclasses.fields(theirs)
-            if getattr(theirs, f.name) != getattr(run.model, f.name)
-        )
+    difference = first_difference(
+        {"model": dataclasses.asdict(theirs)}, {"model": dataclasses.asdict(run.model)}
+    )
+    if difference is not None:
+        key, old, new = difference
         raise UserError(
-            f"--init-from: {source} has model.{field_}={getattr(theirs, field_)!r}, this run "
-            f"{getattr(run.model, field_)!r}; the model settings must be the same"
+            f"--init-from: {source} has {key}={old!r}, this run {new!r}; "
+            "the model settings must be the same"
         )
 
 
@@ -695,16 +702,15 @@ def _first_difference(stored: TrainRun, asked: TrainRun) -> str | None:
     Where the run executes (``train.device``) and how far it trains (``train.steps``) may
     change: they are not what the run is.
     """
-    a, b = stored.to_dict(), asked.to_dict()
-    for section in sorted(set(a) | set(b)):
-        for key in sorted(set(a.get(section, {})) | set(b.get(section, {}))):
-            old, new = a.get(section, {}).get(key), b.get(section, {}).get(key)
-            if old != new and f"{section}.{key}" not in ("train.device", "train.steps"):
-                return (
-                    f"{section}.{key} is {new!r} but the run was started with {old!r}; "
-                    "drop the flag or start a new run"
-                )
-    return None
+    difference = first_difference(
+        stored.to_dict(), asked.to_dict(), ignore=("train.device", "train.steps")
+    )
+    if difference is None:
+        return None
+    key, old, new = difference
+    return (
+        f"{key} is {new!r} but the run was started with {old!r}; drop the flag or start a new run"
+    )
 
 
 def load_trained(out: Path, device: torch.device | None = None) -> tuple[TrainRun, Transformer]:

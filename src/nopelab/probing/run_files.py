@@ -19,8 +19,8 @@ from typing import Any
 import pandas as pd
 
 from nopelab import plots
-from nopelab.measure.report import markdown_table
 from nopelab.runtime.rundir import environment, write_json
+from nopelab.tables import markdown_table, mean_std
 
 LABELS = ["model", "state"]
 
@@ -38,7 +38,7 @@ def readable(rows: pd.DataFrame) -> pd.DataFrame:
         return rows.get(if_regression, missing).where(regression, rows.get(if_classifier, missing))
 
     metric, spread = pick("mae", "mad"), pick("mae_std", "mad_std")
-    table["error (MAE/MAD)"] = [f"{m:.3g} ± {s:.2g}" for m, s in zip(metric, spread, strict=True)]
+    table["error (MAE/MAD)"] = mean_std(metric, spread)
     table["baseline"] = rows["baseline"].round(3)
     table["r / accuracy"] = pick("r", "accuracy").round(3)
     return table

@@ -29,6 +29,7 @@ from nopelab.measure import theory
 from nopelab.measure.capture import CaptureResult
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import environment, write_json
+from nopelab.tables import markdown_table
 
 
 def summary_rows(result: CaptureResult) -> list[dict[str, Any]]:
@@ -131,19 +132,6 @@ def first_layer_theory(cfg: RunConfig) -> np.ndarray | None:
         return None
     positions = np.arange(1, a.seq_len + 1)
     return theory.attn_output_variance(positions, m.d_model, m.init_std)
-
-
-def markdown_table(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:
-    """A GitHub-style markdown table (no extra dependency)."""
-
-    def fmt(value: Any) -> str:
-        return format(value, floatfmt) if isinstance(value, float) else str(value)
-
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
-    lines += [
-        "| " + " | ".join(fmt(v) for v in row) + " |" for row in frame.itertuples(index=False)
-    ]
-    return "\n".join(lines)
 
 
 def write_analysis(

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from nopelab.config import AnalysisConfig, CorpusConfig, ModelConfig, RunConfig, TrainConfig
-from nopelab.measure.analysis import analyze_model, build_model
-from nopelab.measure.report import WrittenAnalysis, read_analysis, write_analysis
+from nopelab.measure.analysis import analyze_model
+from nopelab.measure.run_files import WrittenAnalysis, read_analysis, write_analysis
+from nopelab.models.transformer import build_model
 from nopelab.training.checkpoint import STATE_FILE
 from nopelab.training.train import TrainRun, load_trained, make_source, read_run, train
 
