@@ -14,7 +14,7 @@ run() { echo "+ $*" >&2; "$@"; }
 run $py -c "import torch; print(torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"
 # the CUDA path against the CPU path (skipped without CUDA)
 run $py -m pytest -q tests/test_cuda.py
-# issue 3, point 5: tokens/s and MFU, in the trainer's GPU precision and in float32
+# tokens/s and MFU, in the trainer's GPU precision and in float32
 run $py benchmarks/bench_train.py --device "$DEVICE" --precision "$PRECISION" --quick --seed "$SEED"
 run $py benchmarks/bench_train.py --device "$DEVICE" --precision float32 --quick --seed "$SEED"
 # a compiled training run (bf16 autocast under --precision auto on CUDA), then probes on it
@@ -22,6 +22,6 @@ run .venv/bin/nopelab train --task reverse --layers 4 --heads 4 --d-model 128 --
     --batch-size 64 --steps 200 --lr 3e-3 --warmup 20 --eval-every 100 --compile \
     --device "$DEVICE" --seed "$SEED" --out "$OUT/train" --force
 run .venv/bin/nopelab probe "$OUT/train" --device "$DEVICE" --seed "$SEED" --out "$OUT/probe" --force
-# issue 4, point 5: probe fitting against the collecting forward passes
+# probe fitting against the collecting forward passes
 run $py benchmarks/bench_probes.py --quick --device "$DEVICE" --seed "$SEED"
 echo "done: $OUT" >&2

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The README's test command (CI runs it too): set up, lint, then the whole test suite.
+# The README's test command (CI runs it too): set up, lint, type-check, then the whole test suite
+# (with the examples in docstrings).
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for a quick loop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,4 +12,5 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy  # the type checker, on src/nopelab (pyproject.toml [tool.mypy])
 .venv/bin/python -m pytest -q "$@"

@@ -224,7 +224,7 @@ def _settings(contents: Contents) -> str:
         if contents.has(name):
             text = json.dumps(contents.json(name), indent=2)
             parts.append(f"<h3>{name}</h3><pre>{html.escape(text)}</pre>")
-    ran_with = {}
+    ran_with: dict[str, Any] = {}
     if contents.has(RUN_MARKER):
         ran_with["written by"] = contents.json(RUN_MARKER)
     if contents.has("config.json"):

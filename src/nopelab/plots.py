@@ -107,6 +107,7 @@ def _lines_by_layer(
         ax.set(xscale="log", title=site)
         _plain_log_labels(ax.xaxis)
         ax.grid(alpha=0.3, which="both")
+    assert cax is not None  # asked for with colourbar=True
     _layer_colourbar(fig, cax, norm)
     return fig, dict(zip(sites, axes[0], strict=True))
 

@@ -55,6 +55,7 @@ def train(
 
     check_resume(resume, force, out)
     if resume:
+        assert out is not None  # check_resume: --resume needs --out
         if not (out / "config.json").is_file():
             raise UserError(f"--resume: {out} holds no training run (no config.json)")
         data: dict[str, Any] = read_run(out).to_dict()

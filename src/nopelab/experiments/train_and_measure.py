@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nopelab.config import AnalysisConfig, CorpusConfig, ModelConfig, RunConfig, TrainConfig
+from nopelab.config import (
+    AnalysisConfig,
+    CorpusConfig,
+    ModelConfig,
+    PosEncoding,
+    RunConfig,
+    TrainConfig,
+)
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.run_files import WrittenAnalysis, read_analysis, write_analysis
 from nopelab.models.transformer import build_model
@@ -30,7 +37,7 @@ PERPLEXITY_LENGTHS = ("perplexity", "perplexity_2x", "perplexity_4x")
 
 
 def lm_runs(
-    pos_encodings: tuple[str, ...],
+    pos_encodings: tuple[PosEncoding, ...],
     model: dict[str, Any],
     train_cfg: dict[str, Any],
     seed: int,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -68,7 +69,7 @@ def family(cfg: ModelConfig) -> str:
 def hf_config(cfg: ModelConfig) -> transformers.PreTrainedConfig:
     """The Hugging Face configuration of the architecture :func:`family` picks."""
     name = family(cfg)
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=cfg.vocab_size,
         tie_word_embeddings=cfg.tie_embeddings,
         bos_token_id=None,
@@ -89,7 +90,7 @@ def hf_config(cfg: ModelConfig) -> transformers.PreTrainedConfig:
             layer_norm_epsilon=cfg.norm_eps,
             **common,
         )
-    llama = dict(
+    llama: dict[str, Any] = dict(
         hidden_size=cfg.d_model,
         intermediate_size=cfg.mlp_ratio * cfg.d_model,
         num_hidden_layers=cfg.n_layers,

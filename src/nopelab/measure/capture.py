@@ -76,9 +76,13 @@ class CaptureResult:
 class StreamingCapture:
     """Context manager that reduces the chosen sites' activations on the fly.
 
-    >>> with StreamingCapture(model, ["attn_out"], seq_len=64) as capture:
-    ...     model(inputs_embeds=x)
-    >>> capture.result().sites[("attn_out", 1)].variance
+    >>> from nopelab.config import ModelConfig
+    >>> from nopelab.models.transformer import build_model
+    >>> model = build_model(ModelConfig(d_model=32, n_heads=2, n_layers=1), seed=0)
+    >>> with StreamingCapture(model, ["attn_out"], seq_len=16) as capture:
+    ...     _ = model(inputs_embeds=torch.randn(4, 16, 32))
+    >>> capture.result().sites[("attn_out", 1)].variance.shape  # one per position
+    (16,)
     """
 
     def __init__(

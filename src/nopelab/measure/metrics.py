@@ -141,7 +141,7 @@ def adjacency_counts(rows: Tensor | np.ndarray, first_row: int = 0) -> Adjacency
     return AdjacencyCounts(
         counts.less.reshape(B, R).sum(axis=1),
         counts.equal.reshape(B, R).sum(axis=1),
-        counts.nan.reshape(B, R).any(axis=1),
+        np.asarray(counts.nan.reshape(B, R).any(axis=1)),
     )
 
 

@@ -157,7 +157,8 @@ def write_analysis(
     distance.to_parquet(out / "distance.parquet", index=False)
     cosine = {key: s.cosine.astype(np.float32) for key, s in result.sites.items()}
     # uncompressed: deflate takes seconds for these matrices and saves about a seventh
-    np.savez(out / "cosine.npz", **{f"{site}_{layer}": m for (site, layer), m in cosine.items()})
+    matrices: dict[str, Any] = {f"{site}_{layer}": m for (site, layer), m in cosine.items()}
+    np.savez(out / "cosine.npz", **matrices)
     frame = pd.DataFrame(rows)
     if figures:
         theory_curve = first_layer_theory(cfg) if random_init else None

@@ -118,6 +118,8 @@ def rotate_half(x: Tensor) -> Tensor:
 class RotaryPE(AttentionPE):
     """RoPE (Su et al.) in the half-split layout that Llama and GPT-NeoX use."""
 
+    inv_freq: Tensor  # (head_dim / 2,) a buffer
+
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
         inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
@@ -146,6 +148,8 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
 class ALiBiPE(AttentionPE):
     """ALiBi: a per-head linear penalty on query-key distance, added to the logits."""
+
+    slopes: Tensor  # (n_heads,) a buffer
 
     def __init__(self, n_heads: int):
         super().__init__()

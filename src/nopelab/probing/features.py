@@ -125,6 +125,8 @@ def collect(
     finally:
         for handle in handles:
             handle.remove()
+    if store is None:
+        raise ValueError("collect needs at least one batch")
     return store
 
 

@@ -40,4 +40,4 @@ def worker_threads(threads: int) -> None:
 
     keep_freed_memory()
     torch.set_num_threads(threads)
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
