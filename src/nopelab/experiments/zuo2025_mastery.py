@@ -80,6 +80,7 @@ def run(settings: Settings, out: Path) -> None:
                 )
             ]
             steps = sum(summary["steps"] for summary in summaries)
+            assert train_run.task is not None  # every run here trains on a task
             rows.append(
                 {
                     "task": task,
@@ -96,7 +97,9 @@ def run(settings: Settings, out: Path) -> None:
     table.to_parquet(out / "mastery.parquet", index=False)
     spread = spread_table(table)
     write_json(out / "summary.json", {"rows": rows, "spread": spread.to_dict("records")})
-    _figure(table, first.runs[next(iter(first.runs))].train.stop_at, out / "mastery.png")
+    stop_at = first.runs[next(iter(first.runs))].train.stop_at
+    assert stop_at is not None  # the mastery part trains every run to a target
+    _figure(table, stop_at, out / "mastery.png")
     (out / "summary.md").write_text(summary_text(settings, table, spread))
 
 

@@ -32,12 +32,14 @@ def input_batches(
         raise ConfigError(
             "input", f"{cfg.input} needs a trained run's data source; use random or tokens"
         )
-    if cfg.input == "prompts" and not hasattr(source, "prompts"):
-        raise ConfigError("input", "prompts needs a run trained on a task; use data")
     generator = torch.Generator().manual_seed(cfg.seed + 1)
-    prompts = (
-        source.prompts(cfg.samples, cfg.seq_len, generator) if cfg.input == "prompts" else None
-    )
+    prompts = None
+    if cfg.input == "prompts":
+        from nopelab.training.sources import TaskSource
+
+        if not isinstance(source, TaskSource):
+            raise ConfigError("input", "prompts needs a run trained on a task; use data")
+        prompts = source.prompts(cfg.samples, cfg.seq_len, generator)
     return _batches(model_cfg, cfg, source, generator, prompts)
 
 
@@ -53,6 +55,7 @@ def _batches(
         if prompts is not None:
             yield {"idx": prompts[start : start + B]}
         elif cfg.input == "data":
+            assert source is not None  # checked by input_batches
             yield {"idx": source.held_out(B, cfg.seq_len, generator)}
         elif cfg.input == "random":
             yield {
