@@ -80,8 +80,8 @@ class TaskConfig:
 
     A length is the number of digits of each addend (add), of the digit string (reverse, wherex),
     of each argument (order), or of the letter string (copy, count). ``None`` means the task's
-    default (its class in :mod:`nopelab.training.task_kinds`) for training, and the training range for testing;
-    ``format = None`` means ``zuo`` where the task has it, else ``plain``.
+    default (its class in :mod:`nopelab.training.task_kinds`) for training, and the training
+    range for testing; ``format = None`` means ``zuo`` where the task has it, else ``plain``.
     """
 
     name: Task = setting("add", "Synthetic task", flag="--task")
