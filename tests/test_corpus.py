@@ -14,8 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from nopelab.config import CorpusConfig
 from nopelab.errors import ConfigError
-from nopelab.training.corpus import TokenStream, default_corpus, load_text, split_ids
+from nopelab.training.corpus import TokenStream, default_corpus, load_text, split_text
+from nopelab.training.sources import TextSource
+from nopelab.training.tokenizer import get_tokenizer
 
 
 def test_default_corpus() -> None:
@@ -144,22 +147,43 @@ def test_hf_source_reads_the_named_split_and_column(monkeypatch: pytest.MonkeyPa
         load_text("hf:offline/name")
 
 
-def test_split_ids() -> None:
-    ids = np.arange(1000)
-    train, val = split_ids(ids, 0.05)
-    assert len(train) == 950 and len(val) == 50
-    np.testing.assert_array_equal(np.concatenate([train, val]), ids)
-    assert [len(s) for s in split_ids(np.arange(3), 0.01)] == [2, 1]
+def test_split_text() -> None:
+    text = "abcdefghij" * 100
+    train, val = split_text(text, 0.05)
+    assert len(train) == 950 and len(val) == 50 and train + val == text
+    assert split_text("abc", 0.01) == ("ab", "c")
+    # the share is of UTF-8 bytes (95 + 2 x 3 bytes: the last 5), and a character is never cut:
+    # byte 96 is inside the first €, so the split moves to its start
+    assert split_text("a" * 95 + "€€", 0.05) == ("a" * 95, "€€")
+    assert split_text("a" * 95 + "€€", 0.03) == ("a" * 95 + "€", "€")
+    assert split_text("€a", 0.9) == ("€", "a")  # the first character stays in training
     with pytest.raises(ConfigError, match="val_fraction"):
-        split_ids(ids, 1.0)
+        split_text(text, 1.0)
     with pytest.raises(ConfigError, match="at least 2"):
-        split_ids(np.arange(1), 0.5)
+        split_text("a", 0.5)
+
+
+def test_a_bpe_never_sees_the_held_out_text(tmp_path: Path) -> None:
+    """A word that only the held-out tail holds, repeated there many times, would become one BPE
+    token if the tokenizer were trained on the whole text."""
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefgh"), 4)) for _ in range(3000)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(words) + " zyxwvutsrq" * 400)
+    source = TextSource(
+        CorpusConfig(source=str(corpus), tokenizer="bpe", bpe_vocab=300, val_fraction=0.3),
+        eval_tokens=64,
+    )
+    assert "zyxwvutsrq" in source.tokenizer.decode(source.stream.val.numpy())
+    assert len(source.tokenizer.encode(" zyxwvutsrq")) > 2  # no merges learned from it
+    leaky = get_tokenizer("bpe", corpus.read_text(), 300, tmp_path / "leaky")
+    assert len(leaky.encode(" zyxwvutsrq")) <= 2  # what training on the whole text would learn
 
 
 @pytest.fixture
 def stream() -> TokenStream:
     ids = np.random.default_rng(0).integers(0, 500, 2000).astype(np.uint16)
-    return TokenStream(*split_ids(ids, 0.1))
+    return TokenStream(ids[:1800], ids[1800:])
 
 
 def test_batch_windows(stream: TokenStream) -> None:

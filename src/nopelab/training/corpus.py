@@ -141,14 +141,20 @@ def _load_hf(source: str, column: str) -> str:
     return "\n".join(t for t in dataset[column] if isinstance(t, str))
 
 
-def split_ids(ids: np.ndarray, val_fraction: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
-    """(train, val): the contiguous tail, a ``val_fraction`` share (at least one id), is val."""
+def split_text(text: str, val_fraction: float = 0.05) -> tuple[str, str]:
+    """(train, val): the contiguous tail, a ``val_fraction`` share of the UTF-8 bytes (at least
+    one character), is val. Split before tokenising, so that a tokenizer is trained on the
+    training text alone."""
     if not 0 < val_fraction < 1:
         raise ConfigError("val_fraction", f"must be in (0, 1), got {val_fraction!r}")
-    if len(ids) < 2:
-        raise ConfigError(FIELD, f"the corpus has {len(ids)} tokens; need at least 2")
-    n_val = min(max(round(len(ids) * val_fraction), 1), len(ids) - 1)
-    return ids[:-n_val], ids[-n_val:]
+    data = text.encode("utf-8")
+    if len(text) < 2:
+        raise ConfigError(FIELD, f"the corpus has {len(text)} characters; need at least 2")
+    cut = len(data) - min(max(round(len(data) * val_fraction), 1), len(data) - 1)
+    while cut > 0 and data[cut] & 0xC0 == 0x80:  # inside a character: split before it
+        cut -= 1
+    cut = cut or len(text[0].encode("utf-8"))  # the first character stays in training
+    return data[:cut].decode("utf-8"), data[cut:].decode("utf-8")
 
 
 class TokenStream:

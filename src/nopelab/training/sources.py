@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from nopelab.config import CorpusConfig, ModelConfig
 from nopelab.errors import ConfigError
 from nopelab.training import tasks
-from nopelab.training.corpus import TokenStream, load_text, split_ids
+from nopelab.training.corpus import TokenStream, load_text, split_text
 from nopelab.training.tokenizer import Tokenizer, get_tokenizer, tokenizer_from_json
 
 IGNORE = tasks.IGNORE  # targets without loss
@@ -174,11 +174,12 @@ class TextSource:
         self.cfg = cfg
         text = load_text(cfg.source, cfg.column)
         self.fingerprint = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        self.tokenizer = tokenizer or get_tokenizer(
-            cfg.tokenizer, text, cfg.bpe_vocab, bpe_cache_dir(cfg.source)
+        train, val = split_text(text, cfg.val_fraction)
+        self.tokenizer = tokenizer or get_tokenizer(  # trained on the training text alone
+            cfg.tokenizer, train, cfg.bpe_vocab, bpe_cache_dir(cfg.source)
         )
         self.vocab_size = self.tokenizer.vocab_size
-        self.stream = TokenStream(*split_ids(self.tokenizer.encode(text), cfg.val_fraction))
+        self.stream = TokenStream(self.tokenizer.encode(train), self.tokenizer.encode(val))
         self.eval_tokens = eval_tokens
         self.max_len: int | None = None  # longest evaluable context (learned position tables)
 
