@@ -146,7 +146,7 @@ def choices_of(hint: Any) -> tuple[str, ...] | None:
 
 def _as_list_fields(obj: Any) -> None:
     """Turn every tuple setting given as a list (config files, JSON) into a tuple."""
-    hints = _type_hints(type(obj))
+    hints = _type_hints(obj.__class__)
     for f in dataclasses.fields(obj):
         if get_origin(without_none(hints[f.name])[0]) is tuple:
             object.__setattr__(obj, f.name, _as_tuple(f.name, getattr(obj, f.name)))
@@ -162,7 +162,7 @@ def check_types(obj: Any) -> None:
     """Reject values of the wrong type (a string where an int belongs) or outside a
     ``Literal``'s choices; tuple settings given as lists become tuples."""
     _as_list_fields(obj)
-    hints = _type_hints(type(obj))
+    hints = _type_hints(obj.__class__)
     for f in dataclasses.fields(obj):
         value, (hint, optional) = getattr(obj, f.name), without_none(hints[f.name])
         if value is None and optional:
@@ -183,9 +183,9 @@ def check_types(obj: Any) -> None:
             kind = f"{hint.__name__} or None" if optional else hint.__name__
             raise ConfigError(f.name, f"expected {kind}, got {value!r}")
         limit = MAX_SEED if f.name.endswith("seed") else MAX_INT
-        if hint is int and not isinstance(value, bool) and abs(value) > limit:
+        if hint is int and isinstance(value, int) and abs(value) > limit:
             raise ConfigError(f.name, f"must be at most {limit} in size, got {value!r}")
-        if hint is float and not _finite(value):
+        if hint is float and isinstance(value, (int, float)) and not _finite(value):
             raise ConfigError(f.name, f"must be a finite number, got {value!r}")
 
 

@@ -190,7 +190,7 @@ def with_options(*groups: Group) -> Callable[[Callable[..., Any]], Callable[...,
             return func(**kwargs, given=Given(options, values))
 
         generated = [option.parameter() for option in options]
-        command.__signature__ = inspect.Signature(generated + own)
+        command.__signature__ = inspect.Signature(generated + own)  # type: ignore[attr-defined]
         COMMANDS[func.__name__.replace("_", "-")] = options
         return command
 

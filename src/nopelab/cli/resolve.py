@@ -45,7 +45,7 @@ def study(
     from nopelab.config import HFConfig
 
     check_sections(data, sections)
-    settings = {key: data[key] for key in ("model", "analysis") if key in data}
+    settings: dict[str, Any] = {key: data[key] for key in ("model", "analysis") if key in data}
     if hf_path(run_dir) is None and given.flags("hf"):
         raise UserError(f"{given.flags('hf')[0]}: only applies to an hf:PATH model")
     if run_dir is not None and (given.flags("model") or "model" in settings):

@@ -250,15 +250,20 @@ def load_run(
                 "input", f"data needs the model's tokenizer; {path} has none (use tokens or random)"
             )
         if statistics:
-            layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", 1)
-            check_statistics(analysis, min(layers, max_layers or layers))
+            layers: Any = getattr(config, "num_hidden_layers", None) or getattr(
+                config, "n_layer", 1
+            )
+            check_statistics(analysis, min(int(layers), max_layers or int(layers)))
 
     model, tokenizer, files = load_model(path, trust_remote_code, max_layers, check)
     if rope_off:
         from nopelab.hf.positions import switch_rope_off
 
-        layers = range(1, model.cfg.n_layers + 1) if rope_off == "all" else rope_off
-        rope_off = tuple(layers)
+        rope_off = (
+            tuple(range(1, model.cfg.n_layers + 1))
+            if rope_off == "all"
+            else tuple(int(layer) for layer in rope_off)
+        )
         switch_rope_off(model, rope_off)
     source = TextWindows(tokenizer, text) if analysis.input == "data" else None
     record = {
