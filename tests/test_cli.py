@@ -247,6 +247,18 @@ def test_a_config_file_error_is_not_blamed_on_a_typed_flag(
     assert not (tmp_path / "o").exists()
 
 
+def test_a_field_of_two_sections_names_the_flag_of_its_own(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    # batch_size is a field of [analysis] (--batch-size) and of [probe] (--probe-batch-size)
+    for flag in ("--batch-size", "--probe-batch-size"):
+        argv = ["probe", *TINY, flag, "0", "--out", str(tmp_path / "o")]
+        assert run_cli(argv, monkeypatch) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"nopelab: error: {flag}: must be > 0"), err
+    assert not (tmp_path / "o").exists()
+
+
 def test_malformed_config_file(tmp_path: Path, capsys, monkeypatch) -> None:
     for name, text in (
         ("bad.toml", "[model\nx = 1"),

@@ -356,14 +356,20 @@ class RunConfig:
 
 
 def build(cls: type, values: dict[str, Any], where: str) -> Any:
-    """Build a config dataclass from a mapping, rejecting unknown keys."""
+    """Build a config dataclass from a mapping, rejecting unknown keys; ``where`` names the
+    table (``config.model``), and its last part becomes the section of the errors it raises."""
     if not isinstance(values, dict):
         raise ConfigError(where, f"expected a table of settings, got {values!r}")
     names = [f.name for f in dataclasses.fields(cls)]
     for key in values:
         if key not in names:
             raise ConfigError(where, f"unknown key {key!r}; allowed: {', '.join(names)}")
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        if exc.section is None and exc.field in names:  # one of this table's settings
+            exc.section = where.rsplit(".", 1)[-1]
+        raise
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

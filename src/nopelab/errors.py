@@ -8,14 +8,15 @@ class UserError(Exception):
 
 
 class ConfigError(UserError):
-    """An invalid configuration value."""
+    """An invalid configuration value: ``field`` names it; ``section`` (``model``, ``train``…),
+    when known, is the settings table it belongs to, so the CLI can name the flag that set it."""
 
-    def __init__(self, field: str, message: str):
-        self.field, self.message = field, message
+    def __init__(self, field: str, message: str, section: str | None = None):
+        self.field, self.message, self.section = field, message, section
         super().__init__(f"{field}: {message}")
 
     def __reduce__(self) -> tuple:  # picklable, so it can come back from a worker process
-        return type(self), (self.field, self.message)
+        return type(self), (self.field, self.message, self.section)
 
 
 class RunFailed(Exception):

@@ -86,48 +86,29 @@ def _run() -> None:
 _HANDLED = threading.Event()  # an interrupt was reported: the process is on its way out
 _SWALLOWED = threading.Event()  # an interrupt was raised in code called from C, and lost there
 
-SECTIONS = {"model", "analysis", "train", "task", "corpus", "probe", "intervention"}
-
 
 def _as_typed(exc: UserError) -> str:
     """The error, naming the flag the user typed (``--layers``) rather than the config field it
-    sets (``n_layers``); a value that came from a config file keeps the field's name."""
+    sets (``n_layers``). The command's generated options map (section, field) to flags; a value
+    that no typed flag set (a config file's) keeps the field's name."""
     from nopelab.errors import ConfigError
 
     argv = sys.argv[1:]
     if not isinstance(exc, ConfigError) or not argv:
         return str(exc)
-    field = exc.field.rsplit(".", 1)[-1]
-    if "." in exc.field and field in SECTIONS:  # a [section] of a config file, not a flag
-        return str(exc)
-    options = COMMANDS.get(argv[0], ())
-    flags = [o.flag for o in options if o.field.name == field] or ["--" + field.replace("_", "-")]
-    # a flag typed, and (when the message quotes the bad value) with that value: a same-named
-    # setting in another section, or in a config file, keeps its own name
-    got = exc.message.rsplit("got ", 1)[1] if "got " in exc.message else None
-    for flag in flags:
-        values = [
-            argv[i + 1] if arg == flag else arg.split("=", 1)[1]
-            for i, arg in enumerate(argv)
-            if (arg == flag and i + 1 < len(argv)) or arg.startswith(f"{flag}=")
-        ]
-        if _was_typed(flag, argv) and (got is None or any(_same_value(v, got) for v in values)):
-            return f"{flag}: {exc.message}"
+    named = [o for o in COMMANDS.get(argv[0], ()) if o.field.name == exc.field]
+    if exc.section is not None:
+        named = [o for o in named if o.group.section == exc.section]
+    flags = [o.decl.split("/") for o in named] or [["--" + exc.field.replace("_", "-")]]
+    if len(flags) == 1:  # unambiguous: one flag (and its --no- form) sets this field
+        for flag in flags[0]:
+            if _was_typed(flag, argv):
+                return f"{flags[0][0]}: {exc.message}"
     return str(exc)
 
 
 def _was_typed(flag: str, argv: list[str]) -> bool:
     return any(arg == flag or arg.startswith(f"{flag}=") for arg in argv)
-
-
-def _same_value(typed: str, got: str) -> bool:
-    """Whether a flag's text is the value an error message quotes (``1e400`` is ``inf``)."""
-    if typed in got:
-        return True
-    try:
-        return float(typed) == float(got.strip("'\""))
-    except ValueError:
-        return False
 
 
 def _interrupt(signum: int, frame: object) -> None:
