@@ -481,147 +481,235 @@ def _train(
     summary_writer: type | None,
     label: str,
 ) -> dict[str, Any] | None:
+    """The loop: steps, an evaluation every ``eval_every``, a checkpoint every
+    ``checkpoint_every``, until ``steps``, ``stop_after`` or the ``stop_at`` target."""
     cfg = run.train
-    main_process = rank() == 0
-    torch.manual_seed(cfg.seed)
-    model = Transformer(run.model).to(device)
-    optimizer = make_optimizer(model, cfg, device)
-    state = load_checkpoint(out, model, optimizer) if resume else {"step": 0, "train_seconds": 0.0}
-    if not resume and cfg.init_from is not None:  # fine-tuning: the weights of another run
-        try:
-            load_checkpoint(Path(cfg.init_from).expanduser(), model)
-        except CheckpointError as exc:
-            raise UserError(f"--init-from: {exc}") from None
-    start = state["step"]
-    train_model = model
-    if world_size() > 1:
-        train_model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
-        )
-    if cfg.compile:
-        train_model = torch.compile(train_model)
-    autocast = autocast_for(cfg, device)
-    writer = None
-    if summary_writer is not None and main_process:
-        writer = summary_writer(log_dir=str(out / "tensorboard"), purge_step=start + 1)
-    metrics = Log(out, "metrics.csv", start if main_process else None, writer, "train")
-    evals = Log(out, "eval.csv", start if main_process else None, writer, "eval")
-
-    model.train()
-    local = cfg.batch_size // world_size()
-    rows = slice(rank() * local, (rank() + 1) * local)
-    train_seconds, tokens = float(state["train_seconds"]), 0
-    segment_seconds = 0.0
+    trainer = Trainer.start(run, out, source, device, resume, summary_writer, label)
+    start = trainer.start_step
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     final_eval: dict[str, float] = {}
-    reached = resume and _reached_before(evals, cfg, start)  # stopped, killed before its summary
+    reached = resume and _reached_before(trainer.evals, cfg, start)  # stopped before its summary
     if reached:
         end = start
     with progress_bar(transient=False) as bar:
-        task = bar.add_task(
-            label, total=cfg.steps, completed=start, visible=progress and main_process
-        )
-        lines = progress and main_process and bar.disable  # a log or a pipe: lines, no bar
-        if lines and start < end:
+        shown = progress and trainer.main_process
+        task = bar.add_task(label, total=cfg.steps, completed=start, visible=shown)
+        trainer.lines = shown and bar.disable  # a log or a pipe: lines, no bar
+        if trainer.lines and start < end:
             stage(f"{label}: training steps {start + 1}-{end} of {cfg.steps}")
-        last_line = time.monotonic()
         for step in range(start, end):
-            tick = time.perf_counter()
-            lr = learning_rate(cfg, step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            idx, targets = run_source_batch(source, cfg, step)
-            n_targets = int((targets != IGNORE).sum())
-            idx, targets = idx[rows].to(device), targets[rows].to(device)
-            torch.manual_seed(step_seed(cfg.seed, step) + 1)  # dropout
-            loss, grad_norm = _update(
-                train_model, optimizer, idx, targets, n_targets, cfg, autocast
-            )
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                raise _diverged(
-                    label, step + 1, f"the loss is {loss:g} and the gradient norm {grad_norm:g}"
-                )
-            seconds = time.perf_counter() - tick
-            segment_seconds += seconds
-            tokens += idx.numel() * world_size()
+            loss = trainer.step(step)
             done = step + 1
-            metrics.add(
-                {
-                    "step": done,
-                    "loss": loss,
-                    "lr": lr,
-                    "grad_norm": grad_norm,
-                    "tokens_per_second": idx.numel() * world_size() / seconds,
-                }
-            )
             bar.update(task, advance=1, description=f"{label} loss {loss:.3f}")
             final = done == cfg.steps
-            evaluates = done % cfg.eval_every == 0 or final
-            tenth = 10 * done // cfg.steps > 10 * step // cfg.steps
-            if lines and not evaluates and (tenth or time.monotonic() - last_line >= 30):
-                stage(f"{label} step {done}/{cfg.steps}: loss {loss:.4g}")
-                last_line = time.monotonic()
-            if evaluates:
-                result = {}
-                if main_process:
-                    model.eval()
-                    result = source.evaluate(model, cfg.seq_len, final, device, autocast)
-                    model.train()
-                    evals.add({"step": done, **result})
-                    if lines:  # a line per evaluation
-                        shown = ", ".join(f"{k} {v:.4g}" for k, v in result.items())
-                        stage(
-                            f"{label} step {done}/{cfg.steps}: loss {loss:.4g}; held out: {shown}"
-                        )
-                        last_line = time.monotonic()
+            if done % cfg.eval_every == 0 or final:
+                result = trainer.evaluate(done, loss, final)
                 reached = _agree(_reaches(cfg, result), device)
                 if reached:  # the checkpoint below is the last one
                     final, end = True, done
-                if final and main_process:
+                if final and trainer.main_process:
                     final_eval = result
                 _barrier()
+            else:
+                trainer.report(done, loss)
             if done % cfg.checkpoint_every == 0 or final or done == end:
-                # every process holds the same weights: all of them stop together
-                if not all(bool(p.isfinite().all()) for p in model.parameters()):
-                    raise _diverged(label, done, "the weights are no longer finite")
-                if main_process:
-                    save_checkpoint(
-                        out,
-                        model,
-                        optimizer,
-                        {"step": done, "train_seconds": train_seconds + segment_seconds},
-                    )
-                    metrics.flush()
-                    evals.flush()
-                _barrier()
+                trainer.checkpoint(done)
             if reached:
                 break
-    if writer is not None:  # everything was flushed at the last checkpoint
-        writer.close()
+    trainer.close()
     if end < cfg.steps and not reached:
         return None
-    if main_process and (reached or not final_eval):
-        # every test line (the stopping check saw the evaluation sample), or resumed from a
-        # final checkpoint without a summary
-        model.eval()
-        final_eval = source.evaluate(model, cfg.seq_len, True, device, autocast)
-    summary = {
-        "steps": end,
-        "stop_at": cfg.stop_at,
-        "steps_to_target": end if reached else None,
-        "final_eval": final_eval,
-        "tokens_per_second": tokens / segment_seconds if segment_seconds else float("nan"),
-        "train_seconds": train_seconds + segment_seconds,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "processes": world_size(),
-        "device": str(device),
-    }
-    if main_process:
-        training_curves(metrics.read(), evals.read(), out / "training.png")
-        write_json(out / "summary.json", summary)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return summary
+    return trainer.finish(end, reached, final_eval)
+
+
+@dataclass
+class Trainer:
+    """One process's training state: the model, its optimiser, the logs and the clocks."""
+
+    run: TrainRun
+    out: Path
+    source: Source
+    device: torch.device
+    label: str
+    model: Transformer
+    train_model: nn.Module  # the model as trained: wrapped by DDP or compiled
+    optimizer: torch.optim.Optimizer
+    autocast: Any
+    writer: Any  # a TensorBoard SummaryWriter, or None
+    metrics: Log
+    evals: Log
+    start_step: int
+    train_seconds: float  # before this segment (a resumed run's earlier segments)
+    segment_seconds: float = 0.0
+    tokens: int = 0
+    lines: bool = False  # progress as lines (not a terminal)
+    last_line: float = field(default_factory=time.monotonic)
+
+    @property
+    def main_process(self) -> bool:
+        return rank() == 0
+
+    @classmethod
+    def start(
+        cls,
+        run: TrainRun,
+        out: Path,
+        source: Source,
+        device: torch.device,
+        resume: bool,
+        summary_writer: type | None,
+        label: str,
+    ) -> Trainer:
+        """Build the model (seeded), its optimiser, and the state a resumed run left."""
+        cfg = run.train
+        torch.manual_seed(cfg.seed)
+        model = Transformer(run.model).to(device)
+        optimizer = make_optimizer(model, cfg, device)
+        state = (
+            load_checkpoint(out, model, optimizer) if resume else {"step": 0, "train_seconds": 0.0}
+        )
+        if not resume and cfg.init_from is not None:  # fine-tuning: the weights of another run
+            try:
+                load_checkpoint(Path(cfg.init_from).expanduser(), model)
+            except CheckpointError as exc:
+                raise UserError(f"--init-from: {exc}") from None
+        start = state["step"]
+        train_model: nn.Module = model
+        if world_size() > 1:
+            train_model = nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None
+            )
+        if cfg.compile:
+            train_model = torch.compile(train_model)  # type: ignore[assignment]
+        main_process = rank() == 0
+        writer = None
+        if summary_writer is not None and main_process:
+            writer = summary_writer(log_dir=str(out / "tensorboard"), purge_step=start + 1)
+        keep = start if main_process else None
+        model.train()
+        return cls(
+            run=run,
+            out=out,
+            source=source,
+            device=device,
+            label=label,
+            model=model,
+            train_model=train_model,
+            optimizer=optimizer,
+            autocast=autocast_for(cfg, device),
+            writer=writer,
+            metrics=Log(out, "metrics.csv", keep, writer, "train"),
+            evals=Log(out, "eval.csv", keep, writer, "eval"),
+            start_step=start,
+            train_seconds=float(state["train_seconds"]),
+        )
+
+    def step(self, step: int) -> float:
+        """One optimiser step on the batch of ``step`` (0-based); returns the loss."""
+        cfg = self.run.train
+        tick = time.perf_counter()
+        lr = learning_rate(cfg, step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        idx, targets = run_source_batch(self.source, cfg, step)
+        n_targets = int((targets != IGNORE).sum())
+        local = cfg.batch_size // world_size()
+        rows = slice(rank() * local, (rank() + 1) * local)
+        idx, targets = idx[rows].to(self.device), targets[rows].to(self.device)
+        torch.manual_seed(step_seed(cfg.seed, step) + 1)  # dropout
+        loss, grad_norm = _update(
+            self.train_model, self.optimizer, idx, targets, n_targets, cfg, self.autocast
+        )
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            raise _diverged(
+                self.label, step + 1, f"the loss is {loss:g} and the gradient norm {grad_norm:g}"
+            )
+        seconds = time.perf_counter() - tick
+        self.segment_seconds += seconds
+        self.tokens += idx.numel() * world_size()
+        self.metrics.add(
+            {
+                "step": step + 1,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens_per_second": idx.numel() * world_size() / seconds,
+            }
+        )
+        return loss
+
+    def report(self, done: int, loss: float) -> None:
+        """A progress line at every tenth of the run, and at least every 30 s (lines only)."""
+        steps = self.run.train.steps
+        tenth = 10 * done // steps > 10 * (done - 1) // steps
+        if self.lines and (tenth or time.monotonic() - self.last_line >= 30):
+            stage(f"{self.label} step {done}/{steps}: loss {loss:.4g}")
+            self.last_line = time.monotonic()
+
+    def evaluate(self, done: int, loss: float, final: bool) -> dict[str, float]:
+        """The held-out metrics after ``done`` steps (main process; others get ``{}``).
+        ``final``: on every test line rather than the evaluation sample."""
+        if not self.main_process:
+            return {}
+        self.model.eval()
+        result = self.source.evaluate(
+            self.model, self.run.train.seq_len, final, self.device, self.autocast
+        )
+        self.model.train()
+        self.evals.add({"step": done, **result})
+        if self.lines:  # a line per evaluation
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in result.items())
+            steps = self.run.train.steps
+            stage(f"{self.label} step {done}/{steps}: loss {loss:.4g}; held out: {shown}")
+            self.last_line = time.monotonic()
+        return result
+
+    def checkpoint(self, done: int) -> None:
+        """Save the weights, the optimiser and the logs up to step ``done``."""
+        # every process holds the same weights: all of them stop together
+        if not all(bool(p.isfinite().all()) for p in self.model.parameters()):
+            raise _diverged(self.label, done, "the weights are no longer finite")
+        if self.main_process:
+            seconds = self.train_seconds + self.segment_seconds
+            save_checkpoint(
+                self.out, self.model, self.optimizer, {"step": done, "train_seconds": seconds}
+            )
+            self.metrics.flush()
+            self.evals.flush()
+        _barrier()
+
+    def close(self) -> None:
+        if self.writer is not None:  # everything was flushed at the last checkpoint
+            self.writer.close()
+
+    def finish(self, end: int, reached: bool, final_eval: dict[str, float]) -> dict[str, Any]:
+        """The summary of a run that ended at step ``end``; written with the curves."""
+        cfg = self.run.train
+        if self.main_process and (reached or not final_eval):
+            # every test line (the stopping check saw the evaluation sample), or resumed from
+            # a final checkpoint without a summary
+            self.model.eval()
+            final_eval = self.source.evaluate(
+                self.model, cfg.seq_len, True, self.device, self.autocast
+            )
+        seconds = self.segment_seconds
+        summary = {
+            "steps": end,
+            "stop_at": cfg.stop_at,
+            "steps_to_target": end if reached else None,
+            "final_eval": final_eval,
+            "tokens_per_second": self.tokens / seconds if seconds else float("nan"),
+            "train_seconds": self.train_seconds + seconds,
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "processes": world_size(),
+            "device": str(self.device),
+        }
+        if self.main_process:
+            training_curves(self.metrics.read(), self.evals.read(), self.out / "training.png")
+            write_json(self.out / "summary.json", summary)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return summary
 
 
 def _reaches(cfg: TrainConfig, result: dict[str, float]) -> bool:
