@@ -96,10 +96,16 @@ def _as_typed(exc: UserError) -> str:
     argv = sys.argv[1:]
     if not isinstance(exc, ConfigError) or not argv:
         return str(exc)
-    named = [o for o in COMMANDS.get(argv[0], ()) if o.field.name == exc.field]
-    if exc.section is not None:
-        named = [o for o in named if o.group.section == exc.section]
-    flags = [o.decl.split("/") for o in named] or [["--" + exc.field.replace("_", "-")]]
+    options = COMMANDS.get(argv[0], ())
+    section, field = exc.section, exc.field
+    if "." in field:  # "probe.layers"; "config.task" names a table, not a setting
+        section, field = field.rsplit(".", 1)
+        if section not in {o.group.section for o in options}:
+            return str(exc)
+    named = [o for o in options if o.field.name == field]
+    if section is not None:
+        named = [o for o in named if o.group.section == section]
+    flags = [o.decl.split("/") for o in named] or [["--" + field.replace("_", "-")]]
     if len(flags) == 1:  # unambiguous: one flag (and its --no- form) sets this field
         for flag in flags[0]:
             if _was_typed(flag, argv):

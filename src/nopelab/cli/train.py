@@ -48,9 +48,9 @@ def train(
     given: Given,
 ) -> None:
     """Train a model on a synthetic task (--task) or on text (--corpus); torchrun runs it data-parallel."""
-    from nopelab.config import build, read_config_file
+    from nopelab.config import read_config_file
     from nopelab.runtime.rundir import check_resume, is_disk_full
-    from nopelab.training.train import TrainRun, data_vocab_size, read_run
+    from nopelab.training.train import assemble_run, read_run
     from nopelab.training.train import train as run_training
 
     check_resume(resume, force, out)
@@ -61,36 +61,8 @@ def train(
         data: dict[str, Any] = read_run(out).to_dict()
     else:
         data = read_config_file(config) if config else {}
-    task, corpus = given.section("task"), given.section("corpus")
-    if "name" in task:  # --task or --corpus picks what to train on
-        data.setdefault("task", {})
-    if "source" in corpus:
-        data.setdefault("corpus", {})
-    if not resume and "task" not in data and "corpus" not in data:
-        raise UserError(
-            "--task or --corpus: say what to train on (e.g. --task add or --corpus default)"
-        )
-    for section, other in (("task", "corpus"), ("corpus", "task")):
-        if section in data:
-            given.lay_over(data, section)
-        elif given.flags(section):
-            flag = given.flags(section)[0]
-            raise UserError(f"{flag}: only applies when training on a {section}, not a {other}")
-    given.lay_over(data, "model")
-    if not resume and "vocab_size" not in data["model"]:
-        if "corpus" in data:  # its own errors first: the vocabulary is derived from it
-            build(CorpusConfig, data["corpus"], "config.corpus")
-        data["model"]["vocab_size"] = data_vocab_size(data)
-    padded = isinstance(data.get("task"), dict) and data["task"].get("layout") == "padded"
-    if not resume and padded and "seq_len" not in given.section("train") | data.get("train", {}):
-        from nopelab.training.tasks import max_line_len
-
-        # one line per row: a longer context would only add padding
-        data.setdefault("train", {})["seq_len"] = max_line_len(
-            build(TaskConfig, data["task"], "config.task")
-        )
-    given.lay_over(data, "train")
-    run = TrainRun.from_dict(data)
+    sections = ("task", "corpus", "model", "train")
+    run = assemble_run(data, {name: given.section(name) for name in sections}, resume)
     out = out or _default_out(run)
     try:
         summary = run_training(run, out, resume=resume, force=force, tensorboard=tensorboard)

@@ -123,6 +123,55 @@ class TrainRun:
         )
 
 
+def assemble_run(
+    data: dict[str, Any], typed: dict[str, dict[str, Any]], resume: bool = False
+) -> TrainRun:
+    """A run's settings: ``data``'s tables (a config file's, or a resumed run's config) with
+    what the user typed laid over them, section by section (``typed``: field values by
+    section); what the data imply fills the rest: the model's ``vocab_size`` and, for a padded
+    task, ``seq_len`` (its longest line). Errors name the (section, field) the user set."""
+    data = dict(data)
+    task, corpus = typed.get("task", {}), typed.get("corpus", {})
+    if "name" in task:  # a task or a corpus picks what to train on
+        data.setdefault("task", {})
+    if "source" in corpus:
+        data.setdefault("corpus", {})
+    if not resume and "task" not in data and "corpus" not in data:
+        raise UserError(
+            "--task or --corpus: say what to train on (e.g. --task add or --corpus default)"
+        )
+
+    def lay_over(section: str) -> dict[str, Any]:
+        table = data.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise UserError(f"--config: [{section}] must be a table of settings")
+        data[section] = {**table, **typed.get(section, {})}
+        return data[section]
+
+    for section, other in (("task", "corpus"), ("corpus", "task")):
+        if section in data:
+            lay_over(section)
+        elif typed.get(section):
+            raise ConfigError(
+                next(iter(typed[section])),
+                f"only applies when training on a {section}, not a {other}",
+                section=section,
+            )
+    model = lay_over("model")
+    if not resume and "vocab_size" not in model:
+        if "corpus" in data:  # its own errors first: the vocabulary is derived from it
+            build(CorpusConfig, data["corpus"], "config.corpus")
+        model["vocab_size"] = data_vocab_size(data)
+    train = lay_over("train")
+    padded = isinstance(data.get("task"), dict) and data["task"].get("layout") == "padded"
+    if not resume and padded and "seq_len" not in train:
+        from nopelab.training.tasks import max_line_len
+
+        # one line per row: a longer context would only add padding
+        train["seq_len"] = max_line_len(build(TaskConfig, data["task"], "config.task"))
+    return TrainRun.from_dict(data)
+
+
 def data_vocab_size(settings: dict[str, Any]) -> int:
     """The vocabulary the data of a run's settings implies: the task characters, 256 bytes, or
     the BPE's size (what the model's ``vocab_size`` is when not given)."""
