@@ -12,16 +12,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from nopelab.config import RunConfig
 from nopelab.errors import ConfigError, UserError
 
 if TYPE_CHECKING:
-    from torch import nn
-
-    from nopelab.hf.load import HFRun
+    from nopelab.hf.load import HFRun, TextWindows
+    from nopelab.hf.sites import HFModel
     from nopelab.measure.capture import CaptureResult
+    from nopelab.models.transformer import Transformer
     from nopelab.training.sources import Source
 
 
@@ -34,8 +34,8 @@ class Study:
     """
 
     config: RunConfig | HFRun
-    model: nn.Module
-    source: Source | None = None
+    model: Transformer | HFModel
+    source: Source | TextWindows | None = None
 
 
 def load(
@@ -71,7 +71,7 @@ def load(
         from nopelab.config import AnalysisConfig, build
         from nopelab.hf.load import load_run
 
-        config, hf_model, source = load_run(
+        record, hf_model, text_source = load_run(
             str(target)[3:],
             build(AnalysisConfig, analysis, "config.analysis"),
             text=text,
@@ -80,7 +80,7 @@ def load(
             rope_off=rope_off,
             statistics=statistics,
         )
-        return Study(config, hf_model, source)
+        return Study(record, hf_model, text_source)
     if target is not None:
         from nopelab.training.train import load_trained, make_source
 
@@ -102,4 +102,8 @@ def analyze(study: Study, progress: bool = True) -> CaptureResult:
     """Run the study's analysis: statistics reduced on the fly at every requested site."""
     from nopelab.measure.analysis import analyze_model
 
-    return analyze_model(study.model, study.config.analysis, progress=progress, source=study.source)
+    # analyze_model runs Hugging Face models on text windows too; its annotation names only
+    # native models and training sources
+    model = cast("Transformer", study.model)
+    source = cast("Source | None", study.source)
+    return analyze_model(model, study.config.analysis, progress=progress, source=source)

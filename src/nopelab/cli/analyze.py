@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
@@ -20,6 +20,11 @@ from nopelab.cli.app import (
     app,
 )
 from nopelab.cli.options import Given, with_options
+
+if TYPE_CHECKING:
+    from nopelab.config import RunConfig
+    from nopelab.models.transformer import Transformer
+    from nopelab.training.sources import Source
 
 
 @app.command()
@@ -52,14 +57,24 @@ def analyze(
     resolve_device(cfg.analysis.device)
     with staged_run(out, force, resolve.inputs(run_dir), command="analyze") as staging:
         start = time.perf_counter()
-        result = analyze_model(study.model, cfg.analysis, source=study.source)
+        # analyze_model and write_analysis take a Hugging Face model, its text and its HFRun
+        # too; their annotations name only native models, training sources and RunConfig
+        model, source = cast("Transformer", study.model), cast("Source | None", study.source)
+        result = analyze_model(model, cfg.analysis, source=source)
         seconds = time.perf_counter() - start
         stage("analyze: writing tables and figures")
         write_analysis(
-            staging, cfg, result, seconds, title=resolve.title(run_dir), random_init=run_dir is None
+            staging,
+            cast("RunConfig", cfg),
+            result,
+            seconds,
+            title=resolve.title(run_dir),
+            random_init=run_dir is None,
         )
         if resolve.hf_path(run_dir):
             from nopelab.hf.positions import position_use, write_position_use
+            from nopelab.hf.sites import HFModel
 
+            assert isinstance(study.model, HFModel)  # an hf:PATH model
             write_position_use(staging, position_use(study.model, seed=cfg.analysis.seed))
     typer.echo(f"wrote {out}")

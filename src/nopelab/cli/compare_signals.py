@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
@@ -15,6 +15,10 @@ from nopelab.cli.options import Given, Group, with_options
 from nopelab.cli.probe import SECTIONS, probe_settings
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import UserError
+
+if TYPE_CHECKING:
+    from nopelab.models.transformer import Transformer
+    from nopelab.training.sources import Source
 
 
 @app.command("compare-signals")
@@ -66,7 +70,7 @@ def compare_signals(
 
     data: dict[str, Any] = read_config_file(config) if config else {}
     models = []  # (label, state, model, settings, source)
-    for run_dir in run_dirs or [None]:
+    for run_dir in run_dirs or (None,):
         copy = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
         study = resolve.study(run_dir, copy, given, SECTIONS, statistics=False)
         cfg, model, source = study.config, study.model, study.source
@@ -89,8 +93,11 @@ def compare_signals(
         start = time.perf_counter()
         rows = []
         for label, state, model, cfg, source in models:
+            # probe_model takes a Hugging Face model and its text too; its annotation names
+            # only native models and training sources
             rows += probe_model(
-                model, cfg.analysis, probe_cfg, source, f"{label} {state}",
+                cast("Transformer", model), cfg.analysis, probe_cfg,
+                cast("Source | None", source), f"{label} {state}",
                 labels={"model": label, "state": state},
             )  # fmt: skip
         config_dict = {

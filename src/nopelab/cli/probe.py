@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
@@ -23,6 +23,10 @@ from nopelab.cli.app import (
 )
 from nopelab.cli.options import Given, Group, with_options
 from nopelab.config import AnalysisConfig
+
+if TYPE_CHECKING:
+    from nopelab.models.transformer import Transformer
+    from nopelab.training.sources import Source
 
 SECTIONS = ("model", "analysis", "probe")
 PROBE_ANALYSIS = Group(
@@ -67,7 +71,10 @@ def probe(
     probe_cfg = probe_settings(data, given)
     with staged_run(out, force, resolve.inputs(run_dir), command="probe") as staging:
         start = time.perf_counter()
-        rows = probe_model(study.model, study.config.analysis, probe_cfg, study.source)
+        # probe_model takes a Hugging Face model and its text too; its annotation names only
+        # native models and training sources
+        model, source = cast("Transformer", study.model), cast("Source | None", study.source)
+        rows = probe_model(model, study.config.analysis, probe_cfg, source)
         config_dict = {**study.config.to_dict(), "probe": dataclasses.asdict(probe_cfg)}
         seconds = time.perf_counter() - start
         stage("probe: writing tables and figures")

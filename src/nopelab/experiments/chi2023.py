@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from nopelab import plots
-from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, RunConfig
+from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, RunConfig, Site
 from nopelab.measure import theory
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.capture import CaptureResult
@@ -38,7 +38,7 @@ SCALES = {
     "small": dict(d_model=768, n_heads=12, n_layers=12, seq_len=512, samples=32, batch_size=4),
     "paper": dict(d_model=768, n_heads=12, n_layers=12, seq_len=512, samples=256, batch_size=16),
 }
-PROBE_SITES = ("resid_post", "attn_out")
+PROBE_SITES: tuple[Site, ...] = ("resid_post", "attn_out")
 # Chi et al.'s probe reads the raw vector; the log variance over coordinates (one number, the
 # quantity their derivation is about) is probed beside it as a reference
 PROBE_FEATURES = ("raw", "variance")

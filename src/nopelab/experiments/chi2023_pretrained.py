@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
 
 from nopelab import plots
-from nopelab.config import AnalysisConfig
+from nopelab.config import AnalysisConfig, PosEncoding
 from nopelab.experiments.train_and_measure import (
     Trained,
     lm_runs,
@@ -29,8 +30,16 @@ from nopelab.sweep.jobs import Job, default_workers, run_jobs
 from nopelab.tables import markdown_table
 from nopelab.training.train import TrainRun
 
-POS_ENCODINGS = ("none", "learned", "rope")
-SCALES = {
+POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "rope")
+
+
+class Scale(TypedDict):
+    model: dict[str, Any]  # ModelConfig fields
+    train: dict[str, Any]  # TrainConfig fields
+    samples: int  # held-out text windows analysed
+
+
+SCALES: dict[str, Scale] = {
     "smoke": dict(
         model=dict(d_model=32, n_layers=2, n_heads=2),
         train=dict(steps=20, batch_size=8, seq_len=32, lr=3e-3, warmup=2, eval_tokens=2048),

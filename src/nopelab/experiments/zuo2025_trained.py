@@ -32,18 +32,18 @@ from typing import Any
 import pandas as pd
 
 from nopelab import plots
-from nopelab.config import AnalysisConfig, ModelConfig, TrainConfig
+from nopelab.config import AnalysisConfig, ModelConfig, PosEncoding, Site, TrainConfig
 from nopelab.experiments.train_and_measure import read_trained, stage_folder, train_and_analyze
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.jobs import Job, default_workers, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
-from nopelab.training.tasks import TaskConfig, max_line_len, max_prompt_len
+from nopelab.training.tasks import Layout, LossMode, Task, TaskConfig, max_line_len, max_prompt_len
 from nopelab.training.train import TrainRun
 
-TASKS = ("add", "reverse", "order", "wherex")
-POS_ENCODINGS = ("none", "learned", "rope")
-SITES = ("attn_heads", "attn_out", "resid_post")
+TASKS: tuple[Task, ...] = ("add", "reverse", "order", "wherex")
+POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "rope")
+SITES: tuple[Site, ...] = ("attn_heads", "attn_out", "resid_post")
 ZUO_LENGTHS = {"add": 3, "reverse": 16, "order": 5, "wherex": 9}  # max_len of Zuo's data
 
 
@@ -66,8 +66,8 @@ class Scale:
     train: dict[str, Any]  # TrainConfig fields (seq_len: the line length when not given)
     train_size: dict[str, int]  # training lines per task
     test_size: int
-    layout: str = "padded"
-    loss_mode: str = "all"
+    layout: Layout = "padded"
+    loss_mode: LossMode = "all"
     samples: int = 256  # analysed prompts per model
     workers: int | None = None  # models at once (None: one single-thread job per CPU core)
     curriculum: dict[str, tuple[Stage, ...]] = field(default_factory=dict)  # task -> stages
@@ -136,7 +136,7 @@ class Settings:
     workers: int
 
 
-def task_config(scale: Scale, task: str) -> TaskConfig:
+def task_config(scale: Scale, task: Task) -> TaskConfig:
     return TaskConfig(
         name=task,
         max_len=scale.lengths[task],
@@ -165,7 +165,9 @@ def train_config(
 def settings(scale_name: str, seed: int, device: str) -> Settings:
     scale = SCALES[scale_name]
     resolve_device(device)
-    runs, stages, analyses = {}, {}, {}
+    runs: dict[tuple[str, str], TrainRun] = {}
+    stages: dict[tuple[str, str], tuple[TrainRun, ...]] = {}
+    analyses: dict[str, AnalysisConfig] = {}
     for task in TASKS:
         task_cfg = task_config(scale, task)
         train_cfg = train_config(scale, task_cfg, scale.steps[task], seed, device)
@@ -192,6 +194,12 @@ def settings(scale_name: str, seed: int, device: str) -> Settings:
         )
     workers = default_workers(device) if scale.workers is None else scale.workers
     return Settings(scale, runs, stages, analyses, workers)
+
+
+def task_of(run: TrainRun) -> TaskConfig:
+    """The task ``run`` trains on: every run of this part has one."""
+    assert run.task is not None
+    return run.task
 
 
 def cost(settings: Settings, key: tuple[str, str]) -> int:
@@ -231,14 +239,14 @@ def run(settings: Settings, out: Path) -> None:
         accuracy.append(
             {
                 "task": task,
-                "max_len": train_run.task.max_len,
+                "max_len": task_of(train_run).max_len,
                 "pos_encoding": pe,
                 "accuracy": summary["final_eval"]["accuracy"],
                 "steps": train_run.train.steps,
                 "steps_trained": trained_steps,
                 "steps_to_target": trained_steps if summary.get("steps_to_target") else None,
                 "curriculum": "; ".join(
-                    f"max_len {stage.task.max_len}, {done['steps']} steps: "
+                    f"max_len {task_of(stage).max_len}, {done['steps']} steps: "
                     f"{done['final_eval']['accuracy']:.3f}"
                     for stage, done in stages
                 ),
@@ -279,7 +287,7 @@ def _score_table(scores: pd.DataFrame, site: str) -> pd.DataFrame:
 
 def summary_text(settings: Settings, accuracy: pd.DataFrame, scores: pd.DataFrame) -> str:
     first = next(iter(settings.runs.values()))
-    m, t, task_cfg = first.model, first.train, first.task
+    m, t, task_cfg = first.model, first.train, task_of(first)
     acc = accuracy.pivot(index="task", columns="pos_encoding", values="accuracy")
     acc = acc.reindex(index=list(TASKS), columns=list(POS_ENCODINGS))
     acc.insert(0, "max_len", [settings.scale.lengths[task] for task in TASKS])

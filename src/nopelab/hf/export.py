@@ -17,17 +17,24 @@ from __future__ import annotations
 
 import copy
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
-from torch import Tensor
+from torch import Tensor, nn
 from transformers.utils import logging as hf_logging
 
 from nopelab.config import ModelConfig
 from nopelab.errors import ConfigError
-from nopelab.models.transformer import Transformer
+from nopelab.models.transformer import (
+    MLP,
+    Block,
+    LearnedPositionalEmbedding,
+    SwiGLU,
+    Transformer,
+)
 
 EXPORTABLE = (
     "gpt2 (pos_encoding learned or none, norm layernorm, mlp gelu)",
@@ -120,16 +127,17 @@ def _gpt2_tensors(model: Transformer) -> dict[str, Tensor]:
     """Native weights under GPT-2's names; Conv1D stores (in, out), so matrices are transposed."""
     cfg = model.cfg
 
-    def norm(prefix: str, module: torch.nn.Module) -> dict[str, Tensor]:
-        bias = module.bias if module.bias is not None else torch.zeros(cfg.d_model)
-        return {f"{prefix}.weight": module.weight, f"{prefix}.bias": bias}
+    def norm(prefix: str, module: nn.Module) -> dict[str, Tensor]:
+        layer_norm = cast(nn.LayerNorm, module)  # family() checked: layernorm (gpt2)
+        bias = layer_norm.bias if layer_norm.bias is not None else torch.zeros(cfg.d_model)
+        return {f"{prefix}.weight": layer_norm.weight, f"{prefix}.bias": bias}
 
-    def conv(prefix: str, linear: torch.nn.Linear) -> dict[str, Tensor]:
+    def conv(prefix: str, linear: nn.Linear) -> dict[str, Tensor]:
         bias = linear.bias if linear.bias is not None else torch.zeros(linear.out_features)
         return {f"{prefix}.weight": linear.weight.T, f"{prefix}.bias": bias}
 
     if cfg.pos_encoding == "learned":
-        positions = model.pos.table.weight
+        positions = cast(LearnedPositionalEmbedding, model.pos).table.weight
     else:  # NoPE: a position table that adds nothing
         positions = torch.zeros(cfg.max_seq_len, cfg.d_model)
     tensors = {
@@ -138,39 +146,45 @@ def _gpt2_tensors(model: Transformer) -> dict[str, Tensor]:
         **norm("transformer.ln_f", model.norm_f),
         "lm_head.weight": model.lm_head.weight,
     }
-    for i, block in enumerate(model.blocks):
+    for i, block in enumerate(cast(Iterable[Block], model.blocks)):
         prefix = f"transformer.h.{i}"
+        mlp = cast(MLP, block.mlp)  # family() checked: gelu MLP (gpt2)
         tensors |= {
             **norm(f"{prefix}.ln_1", block.norm_1),
             **conv(f"{prefix}.attn.c_attn", block.attn.qkv),  # q, k, v stacked alike
             **conv(f"{prefix}.attn.c_proj", block.attn.proj),
             **norm(f"{prefix}.ln_2", block.norm_2),
-            **conv(f"{prefix}.mlp.c_fc", block.mlp.fc),
-            **conv(f"{prefix}.mlp.c_proj", block.mlp.proj),
+            **conv(f"{prefix}.mlp.c_fc", mlp.fc),
+            **conv(f"{prefix}.mlp.c_proj", mlp.proj),
         }
     return tensors
 
 
 def _llama_tensors(model: Transformer) -> dict[str, Tensor]:
     """Native weights under Llama's (and SmolLM3's) names; the fused qkv is split."""
+
+    def norm(module: nn.Module) -> Tensor:
+        return cast(nn.RMSNorm, module).weight  # family() checked: rmsnorm (llama, smollm3)
+
     tensors = {
         "model.embed_tokens.weight": model.embed.weight,
-        "model.norm.weight": model.norm_f.weight,
+        "model.norm.weight": norm(model.norm_f),
         "lm_head.weight": model.lm_head.weight,
     }
-    for i, block in enumerate(model.blocks):
+    for i, block in enumerate(cast(Iterable[Block], model.blocks)):
         prefix = f"model.layers.{i}"
+        mlp = cast(SwiGLU, block.mlp)  # family() checked: swiglu (llama, smollm3)
         q, k, v = block.attn.qkv.weight.chunk(3, dim=0)
         tensors |= {
-            f"{prefix}.input_layernorm.weight": block.norm_1.weight,
+            f"{prefix}.input_layernorm.weight": norm(block.norm_1),
             f"{prefix}.self_attn.q_proj.weight": q,
             f"{prefix}.self_attn.k_proj.weight": k,
             f"{prefix}.self_attn.v_proj.weight": v,
             f"{prefix}.self_attn.o_proj.weight": block.attn.proj.weight,
-            f"{prefix}.post_attention_layernorm.weight": block.norm_2.weight,
-            f"{prefix}.mlp.gate_proj.weight": block.mlp.gate.weight,
-            f"{prefix}.mlp.up_proj.weight": block.mlp.up.weight,
-            f"{prefix}.mlp.down_proj.weight": block.mlp.proj.weight,
+            f"{prefix}.post_attention_layernorm.weight": norm(block.norm_2),
+            f"{prefix}.mlp.gate_proj.weight": mlp.gate.weight,
+            f"{prefix}.mlp.up_proj.weight": mlp.up.weight,
+            f"{prefix}.mlp.down_proj.weight": mlp.proj.weight,
         }
     return tensors
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +29,9 @@ from torch import Tensor, nn
 from nopelab.config import BLOCK_SITES, DEFAULT_SITES, SITES
 from nopelab.errors import ConfigError
 from nopelab.measure.capture import SiteKey
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ class HFModel(nn.Module):
     ``max_layers`` cuts the pass short; :meth:`observe` hooks sites by nopelab's names.
     """
 
-    def __init__(self, hf: nn.Module, max_layers: int | None = None, name: str = ""):
+    def __init__(self, hf: PreTrainedModel, max_layers: int | None = None, name: str = ""):
         super().__init__()
         config = hf.config
         self.hf = hf
@@ -132,6 +136,7 @@ class HFModel(nn.Module):
         position_ids: Tensor | None = None,
     ) -> Tensor | None:
         inputs = idx if idx is not None else inputs_embeds
+        assert inputs is not None, "pass idx or inputs_embeds"
         # An explicit all-ones mask: transformers would read non-contiguous position ids as
         # packed sequences and mask across them.
         mask = torch.ones(inputs.shape[:2], dtype=torch.long, device=inputs.device)
@@ -209,6 +214,7 @@ class HFModel(nn.Module):
 
         handles = [block.register_forward_pre_hook(layer_input, with_kwargs=True)]
         if "attn_heads" in sites:
+            assert self.arch.heads is not None  # observe's check_sites refused attn_heads
             handles.append(attrgetter(self.arch.heads)(block).register_forward_pre_hook(heads))
         if sites & {"attn_out", "resid_mid"}:
             handles.append(attrgetter(self.arch.attn)(block).register_forward_hook(attention))

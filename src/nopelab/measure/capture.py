@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -21,7 +22,10 @@ from torch import nn
 from nopelab.config import BLOCK_SITES, DEFAULT_SITES, SITES
 from nopelab.errors import ConfigError, RunFailed
 from nopelab.measure.stats import AttentionResult, AttentionStats, SiteResult, SiteStats
-from nopelab.models.transformer import Transformer
+from nopelab.models.transformer import Block, Transformer
+
+if TYPE_CHECKING:
+    from nopelab.hf.sites import HFModel
 
 SiteKey = tuple[str, int]  # (site, layer)
 
@@ -43,19 +47,21 @@ def site_modules(
     return dict(sorted(modules.items(), key=lambda item: (item[0][1], SITES.index(item[0][0]))))
 
 
-def site_keys(model: nn.Module, sites: Iterable[str] = DEFAULT_SITES) -> list[SiteKey]:
+def site_keys(model: Transformer | HFModel, sites: Iterable[str] = DEFAULT_SITES) -> list[SiteKey]:
     """Every (site, layer) of ``model`` for the requested sites, in model order."""
-    if hasattr(model, "site_keys"):  # a Hugging Face model
+    if not isinstance(model, Transformer):  # a Hugging Face model
         return model.site_keys(sites)
     return list(site_modules(model, sites))
 
 
 def observe(
-    model: nn.Module, keys: Iterable[SiteKey], fn: Callable[[SiteKey, torch.Tensor], None]
+    model: Transformer | HFModel,
+    keys: Iterable[SiteKey],
+    fn: Callable[[SiteKey, torch.Tensor], None],
 ) -> list[torch.utils.hooks.RemovableHandle]:
     """Hook ``keys`` so that every forward pass calls ``fn(key, activation)`` with (B, T, d)."""
     keys = list(keys)
-    if hasattr(model, "observe"):  # a Hugging Face model
+    if not isinstance(model, Transformer):  # a Hugging Face model
         return model.observe(keys, fn)
     modules = site_modules(model, {site for site, _ in keys})
 
@@ -87,7 +93,7 @@ class StreamingCapture:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: Transformer | HFModel,
         sites: Iterable[str],
         seq_len: int,
         attn_entropy: bool = False,
@@ -111,7 +117,8 @@ class StreamingCapture:
     def __enter__(self) -> StreamingCapture:
         self._handles += observe(self.model, self.stats, lambda key, h: self.stats[key].update(h))
         for layer, stats in self.attention.items():
-            attn = self.model.blocks[layer - 1].attn
+            assert isinstance(self.model, Transformer)  # attention stats: native models only
+            attn = cast(Block, self.model.blocks[layer - 1]).attn
             self._handles.append(
                 attn.hook_scores.register_forward_hook(_reducer(stats.update_scores))
             )

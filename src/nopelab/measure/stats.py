@@ -77,11 +77,10 @@ class SiteStats:
     """Accumulates the statistics of one site from (B, T, d) activation batches."""
 
     def __init__(self, seq_len: int, device: torch.device | str = "cpu"):
-        zeros = dict(dtype=torch.float64, device=device)
         self.samples = 0
-        self.variance_sum = torch.zeros(seq_len, **zeros)
-        self.norm_sum = torch.zeros(seq_len, **zeros)
-        self.cosine_sum = torch.zeros(seq_len, seq_len, **zeros)
+        self.variance_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
+        self.norm_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
+        self.cosine_sum = torch.zeros(seq_len, seq_len, dtype=torch.float64, device=device)
         self.adjacency, self.adjacency_signed = RunningMoments(), RunningMoments()
         self.norm_score, self.norm_signed = RunningMoments(), RunningMoments()
         self.norm_score_zuo = RunningMoments()

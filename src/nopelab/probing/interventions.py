@@ -68,7 +68,7 @@ from nopelab.runtime.progress import progress as show_progress
 from nopelab.runtime.progress import stage
 from nopelab.runtime.rundir import environment, write_json
 from nopelab.tables import markdown_table
-from nopelab.training.sources import Source
+from nopelab.training.sources import Source, TaskSource, TextSource
 from nopelab.training.train import load_trained, make_source
 
 # LEACE keeps directions whose whitened cross-covariance singular value exceeds this; the
@@ -297,7 +297,7 @@ def run_interventions(
         {"idx": source.held_out(min(analysis.batch_size, cfg.fit_samples - i), T, fit_generator)}
         for i in range(0, cfg.fit_samples, analysis.batch_size)
     )
-    keys = [(cfg.site, layer) for layer in layers]
+    keys: list[SiteKey] = [(cfg.site, layer) for layer in layers]
     line = f"intervene: probing the unmodified model at {len(keys) + 1} sites and layers"
     unmodified = probes_at([*keys, final], line)
     rows = []
@@ -372,8 +372,10 @@ def _standard_error(
     unmodified model's per-window loss over held-out windows, divided by sqrt(windows evaluated).
     """
     if metric == "accuracy":
+        assert isinstance(source, TaskSource)  # only a task's evaluation reports accuracy
         n = min(source.eval_samples, len(source.test))
         return lambda p: math.sqrt(p * (1 - p) / n)
+    assert isinstance(source, TextSource)  # loss alone: a text corpus
     ids = source.held_out(32, seq_len, torch.Generator().manual_seed(seed + 3)).to(device)
     with torch.no_grad():
         logits = model(ids[:, :-1]).float()

@@ -11,8 +11,9 @@ import hashlib
 import math
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,7 @@ from nopelab.training.tokenizer import Tokenizer, get_tokenizer, tokenizer_from_
 
 IGNORE = tasks.IGNORE  # targets without loss
 EVAL_BATCH = 16  # held-out windows per forward pass
-Autocast = Callable[[], object]  # a fresh autocast context for each forward pass
+Autocast = Callable[[], AbstractContextManager[Any]]  # a fresh autocast context per forward pass
 
 
 class Source(Protocol):

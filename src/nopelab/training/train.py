@@ -199,9 +199,11 @@ def read_run(out: Path) -> TrainRun:
 
 def make_source(run: TrainRun, out: Path | None = None) -> Source:
     """The run's data, checked against the model. ``out``: reuse a saved tokenizer."""
+    source: TaskSource | TextSource
     if run.task is not None:
-        source: Source = TaskSource(run.task, run.train.seed, run.train.eval_samples)
+        source = TaskSource(run.task, run.train.seed, run.train.eval_samples)
     else:
+        assert run.corpus is not None  # TrainRun: a task or a corpus
         tokenizer = load_tokenizer(out) if out is not None else None
         source = TextSource(run.corpus, run.train.eval_tokens, tokenizer)
     source.check_model(run.model, run.train.seq_len)
@@ -472,6 +474,8 @@ def train(
 
 def check_init_from(run: TrainRun, out: Path) -> None:
     """``init_from`` must be another run's folder with a checkpoint of this very model."""
+    if run.train.init_from is None:
+        return
     source, out = Path(run.train.init_from).expanduser().resolve(), out.resolve()
     if source == out or out in source.parents or source in out.parents:
         raise UserError(
@@ -614,15 +618,15 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model = Transformer(run.model).to(device)
         optimizer = make_optimizer(model, cfg, device)
-        state = (
-            load_checkpoint(out, model, optimizer) if resume else {"step": 0, "train_seconds": 0.0}
-        )
+        state: dict[str, Any] = {"step": 0, "train_seconds": 0.0}
+        if resume:
+            state = load_checkpoint(out, model, optimizer)
         if not resume and cfg.init_from is not None:  # fine-tuning: the weights of another run
             try:
                 load_checkpoint(Path(cfg.init_from).expanduser(), model)
             except CheckpointError as exc:
                 raise UserError(f"--init-from: {exc}") from None
-        start = state["step"]
+        start = int(state["step"])
         train_model: nn.Module = model
         if world_size() > 1:
             train_model = nn.parallel.DistributedDataParallel(
