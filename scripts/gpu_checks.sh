@@ -13,7 +13,7 @@ run() { echo "+ $*" >&2; "$@"; }
 
 run $py -c "import torch; print(torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"
 # the CUDA path against the CPU path (skipped without CUDA)
-run $py -m pytest -q tests/test_cuda.py
+run $py -m pytest -q tests/unit/runtime/test_cuda.py
 # tokens/s and MFU, in the trainer's GPU precision and in float32
 run $py benchmarks/bench_train.py --device "$DEVICE" --precision "$PRECISION" --quick --seed "$SEED"
 run $py benchmarks/bench_train.py --device "$DEVICE" --precision float32 --quick --seed "$SEED"

@@ -1,20 +1,14 @@
-"""Shared test setup: the same global random state for every test; the command-line runner; a
-tiny finished task run."""
+"""Shared test setup: the same global random state for every test; a tiny finished task run.
+The helpers tests import live in ``helpers.py``."""
 
 from __future__ import annotations
 
-import json
-import re
 import signal
-import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
-
-from nopelab.cli import main
 
 # A shell that starts the suite in the background makes it ignore SIGINT, and the commands the
 # tests start would inherit that; the interrupt tests need SIGINT to reach them.
@@ -27,68 +21,6 @@ def _seed() -> None:
     """Fix the global torch and numpy seeds (models are built from the global generator)."""
     torch.manual_seed(0)
     np.random.seed(0)
-
-
-def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    """Run ``nopelab ARGS`` in this process; returns the exit status."""
-    monkeypatch.setattr(sys, "argv", ["nopelab", *args])
-    try:
-        main()
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
-
-
-def failure_line(err: str) -> str:
-    """The one error line of a command that failed after it started: before it, only progress
-    lines (printed where stderr is not a terminal, each ending with the seconds since the
-    start)."""
-    *before, last = err.strip().splitlines()
-    assert all(re.fullmatch(r".* \(\d+ s\)", line) for line in before), err
-    assert "Traceback" not in err and last.startswith("nopelab: "), err
-    return last
-
-
-REFERENCES = Path(__file__).parent / "references"
-
-
-def _without_timing(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {
-            key: _without_timing(item)
-            for key, item in value.items()
-            if not key.endswith(("seconds", "per_second"))
-        }
-    if isinstance(value, list):
-        return [_without_timing(item) for item in value]
-    return value
-
-
-def assert_matches_reference(run: Path, name: str) -> None:
-    """``run``'s summary.json holds the numbers of ``tests/references/NAME.json`` (a smoke
-    reproduction at seed 0, stored before the code was reorganised), timings aside: equal up to
-    float rounding (another CPU's arithmetic may differ in the last digits)."""
-    got = _without_timing(json.loads((run / "summary.json").read_text()))
-    want = json.loads((REFERENCES / f"{name}.json").read_text())
-    assert (where := _first_mismatch(got, want)) is None, f"{name}: {where}"
-
-
-def _first_mismatch(got: Any, want: Any, where: str = "") -> str | None:
-    """Where two JSON values first differ (numbers within float rounding), or ``None``."""
-    if isinstance(want, dict) and isinstance(got, dict):
-        if set(got) != set(want):
-            return f"{where}: keys {sorted(set(got) ^ set(want))}"
-        items = [(f"{where}.{key}", got[key], want[key]) for key in want]
-    elif isinstance(want, list) and isinstance(got, list):
-        if len(got) != len(want):
-            return f"{where}: {len(got)} items, not {len(want)}"
-        items = [(f"{where}[{i}]", a, b) for i, (a, b) in enumerate(zip(got, want, strict=True))]
-    elif isinstance(want, float) and isinstance(got, (int, float)) and type(got) is not bool:
-        close = got == pytest.approx(want, rel=1e-4, abs=1e-6, nan_ok=True)
-        return None if close else f"{where}: {got!r}, not {want!r}"
-    else:
-        return None if got == want else f"{where}: {got!r}, not {want!r}"
-    return next((m for path, a, b in items if (m := _first_mismatch(a, b, path))), None)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from nopelab.experiments import (
 class Part:
     """``settings(scale, seed, device)`` validates and resolves; ``run(settings, out)`` writes.
 
-    A resumable part runs its models as jobs (:func:`~nopelab.sweep.jobs.run_jobs`) and writes
+    A resumable part runs its models as jobs (:func:`~nopelab.sweep.runner.run_jobs`) and writes
     into ``--out`` as it goes; ``--resume`` continues it, skipping finished models."""
 
     settings: Callable[[str, int, str], Any]

@@ -26,7 +26,7 @@ from nopelab.experiments.train_and_measure import (
 )
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.jobs import Job, default_workers, run_jobs
+from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import markdown_table
 from nopelab.training.train import TrainRun
 
@@ -114,7 +114,7 @@ def run(settings: Settings, out: Path) -> None:
         Job(f"lm-{pe}", train_and_analyze, (train_run, settings.analysis, ()))
         for pe, train_run in settings.runs.items()
     ]
-    run_jobs(jobs, out, "chi2023 language models", settings.workers)
+    run_jobs(jobs, out / "runs", "chi2023 language models", settings.workers, what="models")
     ratios, perplexity, positions = [], [], []
     for pe in settings.runs:
         result = read_trained(out / "runs" / f"lm-{pe}")

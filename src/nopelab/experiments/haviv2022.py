@@ -28,7 +28,7 @@ from nopelab.experiments.train_and_measure import lm_runs, perplexity_row, train
 from nopelab.probing.pipeline import probe_model
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.jobs import Job, default_workers, run_jobs
+from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training.train import TrainRun, load_trained, make_source
 
@@ -203,7 +203,7 @@ def run(settings: Settings, out: Path) -> None:
         Job(f"lm-{pe}", train_and_probe, (pe, train_run, a, settings.probe))
         for pe, train_run in settings.runs.items()
     ]
-    run_jobs(jobs, out, "haviv2022 language models", settings.workers)
+    run_jobs(jobs, out / "runs", "haviv2022 language models", settings.workers, what="models")
     perplexity, rows = [], []
     for pe in settings.runs:
         folder = out / "runs" / f"lm-{pe}"

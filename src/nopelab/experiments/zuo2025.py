@@ -25,7 +25,7 @@ from nopelab.measure.run_files import read_analysis, write_analysis
 from nopelab.models.transformer import build_model
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.jobs import Job, default_workers, run_jobs
+from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
 
 SCALES = {
@@ -95,7 +95,7 @@ def analyze_into(name: str, cfg: RunConfig, folder: Path) -> None:
 
 def run(settings: Settings, out: Path) -> None:
     jobs = [Job(name, analyze_into, (name, cfg)) for name, cfg in settings.runs.items()]
-    run_jobs(jobs, out, "zuo2025 configurations", settings.workers)
+    run_jobs(jobs, out / "runs", "zuo2025 configurations", settings.workers, what="models")
     rows, cosines = [], {}
     for name, cfg in settings.runs.items():
         result = read_analysis(out / "runs" / name)

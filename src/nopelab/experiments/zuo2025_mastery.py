@@ -23,7 +23,7 @@ import pandas as pd
 from nopelab.experiments import zuo2025_trained as trained
 from nopelab.experiments.train_and_measure import stage_folder, train_into
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.jobs import Job, run_jobs
+from nopelab.sweep.runner import Job, run_jobs
 from nopelab.tables import markdown_table
 from nopelab.training.train import TrainRun
 
@@ -65,7 +65,7 @@ def run(settings: Settings, out: Path) -> None:
         if key[1] in POS_ENCODINGS
         for seed, by in settings.by_seed.items()
     ]
-    run_jobs(jobs, out, "zuo2025 mastery", settings.workers)
+    run_jobs(jobs, out / "runs", "zuo2025 mastery", settings.workers, what="models")
     rows = []
     for seed, by in settings.by_seed.items():
         for (task, pe), train_run in by.runs.items():

@@ -33,7 +33,7 @@ from nopelab.probing import signals
 from nopelab.probing.pipeline import probe_model, vocab_halves
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.jobs import Job, run_jobs
+from nopelab.sweep.runner import Job, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training import tasks
 from nopelab.training.task_kinds import DIGITS
@@ -273,7 +273,7 @@ def run(settings: Settings, out: Path) -> None:
         Job(names[task], train_and_probe, (task, run, settings))
         for task, run in settings.runs.items()
     ]
-    run_jobs(jobs, out, "zuo2025 probed models", settings.workers)
+    run_jobs(jobs, out / "runs", "zuo2025 probed models", settings.workers, what="models")
     rows, accuracy = [], []
     for name in (RANDOM, *names.values()):
         rows += json.loads((out / "runs" / name / "probes.json").read_text())["rows"]

@@ -36,7 +36,7 @@ from nopelab.config import AnalysisConfig, ModelConfig, PosEncoding, Site, Train
 from nopelab.experiments.train_and_measure import read_trained, stage_folder, train_and_analyze
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.jobs import Job, default_workers, run_jobs
+from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training.tasks import Layout, LossMode, Task, TaskConfig, max_line_len, max_prompt_len
 from nopelab.training.train import TrainRun
@@ -224,7 +224,7 @@ def run(settings: Settings, out: Path) -> None:
         )
         for key in order
     ]
-    run_jobs(jobs, out, "zuo2025 task models", settings.workers)
+    run_jobs(jobs, out / "runs", "zuo2025 task models", settings.workers, what="models")
     rows, accuracy, heatmaps = [], [], {}
     for (task, pe), train_run in settings.runs.items():
         folder = out / "runs" / names[task, pe]

@@ -24,7 +24,7 @@ position index, so it applies to any input length (greedy decoding grows the inp
 LEACE is linear erasure: after it no linear probe beats a constant guess on the fit set, and on
 held-out sequences only the fitting error is left (it shrinks as ``fit_samples`` grows). Position
 carried non-linearly, e.g. by the norm, survives: an MLP probe may still read it. On synthetic
-activations whose norm shrinks like 1/sqrt(t) (tests/test_interventions.py), a linear classifier
+activations whose norm shrinks like 1/sqrt(t) (tests/unit/probing/test_interventions.py), a linear classifier
 falls to chance after LEACE while an MLP regressor keeps r ≈ 0.5.
 
 :func:`run_interventions` measures, per layer and intervention, the behaviour of a trained run

@@ -1,12 +1,12 @@
-"""Run a grid's cells as Ray tasks: in parallel, resumable, one results table.
+"""Run a grid's cells through the job runner: in parallel on Ray, resumable, one results table.
 
 The sweep folder holds ``grid.json`` (the grid it was started with), ``cells/KEY/`` (each cell's
-files, written all-or-nothing), ``results/KEY.parquet`` (each finished cell's rows: together a
-parquet dataset, ``pandas.read_parquet(FOLDER / "results")``) and ``failed/KEY.txt`` (the
-one-line error of a cell that failed). A cell counts as finished when its results file exists;
-a re-run skips finished cells and runs the others again. What a stopped cell leaves (its hidden
-staging folder and lock file in ``cells/``) is removed once its worker has exited: when the sweep
-stops, and when it starts again after a kill.
+files, written all-or-nothing, and :data:`~nopelab.sweep.runner.DONE` once the cell finished),
+``results/KEY.parquet`` (each finished cell's rows: together a parquet dataset,
+``pandas.read_parquet(FOLDER / "results")``) and ``failed/KEY.txt`` (the one-line error of a
+cell that failed). A re-run skips finished cells and runs the others again. What a stopped
+cell leaves (its hidden staging folder and lock file in ``cells/``) is removed once its worker
+has exited: when the sweep stops, and when it starts again after a kill.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ import re
 import shutil
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from nopelab.errors import UserError, first_line
-from nopelab.runtime.progress import progress_bar, say
+from nopelab.errors import UserError
 from nopelab.runtime.rundir import (
     check_path,
     locked,
@@ -31,47 +30,27 @@ from nopelab.runtime.rundir import (
     staged_run,
     write_json,
 )
-from nopelab.sweep.cluster import start_ray, worker_threads
 from nopelab.sweep.grid import Cell, Grid
+from nopelab.sweep.runner import Job, Share, run_jobs
 
 GRID_FILE = "grid.json"
 WORKERS_EXIT = 10.0  # seconds a stopped sweep waits for its cells' workers to exit
 LEFT_BEHIND = re.compile(r"\.([0-9a-f]{16})\.(?:lock|staging-[a-z0-9_]{8})")  # in cells/: KEY
 
 
-@dataclass(frozen=True)
-class Outcome:
-    key: str
-    error: str | None = None  # None: finished
-
-
-def run_one(cell: Cell, out: Path, threads: int) -> Outcome:
-    """One cell, as a Ray task runs it: its folder all-or-nothing, then its results file."""
+def run_cell_job(cell: Cell, folder: Path) -> None:
+    """One cell, as the runner runs it: its folder all-or-nothing, then its results file."""
     from nopelab.sweep.cells import run_cell
 
-    worker_threads(threads)
-    failed = out / "failed" / f"{cell.key}.txt"
-    try:
-        with staged_run(out / "cells" / cell.key, force=True, command="sweep-cell") as staging:
-            write_json(staging / "cell.json", {"command": cell.command, **cell.settings})
-            rows = run_cell(cell, staging)
-    except Exception as exc:  # a failing cell is recorded; the others go on
-        message = first_line(exc)
-        failed.parent.mkdir(exist_ok=True)
-        replace_atomically(failed, lambda tmp: tmp.write_text(message + "\n"))
-        return Outcome(cell.key, message)
-    (out / "results").mkdir(exist_ok=True)
+    with staged_run(folder, force=True, command="sweep-cell") as staging:
+        write_json(staging / "cell.json", {"command": cell.command, **cell.settings})
+        rows = run_cell(cell, staging)
+    results = folder.parent.parent / "results"
+    results.mkdir(exist_ok=True)
     frame = pd.DataFrame(rows)
     replace_atomically(
-        out / "results" / f"{cell.key}.parquet", lambda tmp: frame.to_parquet(tmp, index=False)
+        results / f"{cell.key}.parquet", lambda tmp: frame.to_parquet(tmp, index=False)
     )
-    failed.unlink(missing_ok=True)
-    return Outcome(cell.key)
-
-
-def finished(out: Path) -> set[str]:
-    """Keys of the cells whose results are written."""
-    return {p.stem for p in (out / "results").glob("*.parquet")}
 
 
 def check_address(address: str) -> None:
@@ -105,14 +84,15 @@ def prepare(out: Path, grid: Grid) -> None:
 
 
 def tidy_cells(out: Path, wait: float = 0.0) -> None:
-    """Remove the staging folders and lock files that stopped cells left in ``out/cells``,
-    waiting up to ``wait`` seconds in all for their workers to exit; a cell whose worker still
-    runs keeps them (it removes them itself, or the next run does)."""
+    """Remove the staging folders, lock files and empty cell folders that stopped cells left in
+    ``out/cells``, waiting up to ``wait`` seconds in all for their workers to exit; a cell whose
+    worker still runs keeps them (it removes them itself, or the next run does)."""
     left: dict[str, list[Path]] = {}
     for path in (out / "cells").glob(".*"):
         if found := LEFT_BEHIND.fullmatch(path.name):
             left.setdefault(found[1], []).append(path)
     deadline = time.monotonic() + wait
+    running = set()
     for key, paths in sorted(left.items()):
         try:
             with locked(out / "cells" / key, wait=max(0.0, deadline - time.monotonic())):
@@ -120,7 +100,10 @@ def tidy_cells(out: Path, wait: float = 0.0) -> None:
                     if path.is_dir():
                         shutil.rmtree(path, ignore_errors=True)
         except UserError:  # its worker has not exited yet
-            continue
+            running.add(key)
+    for folder in (out / "cells").glob("[!.]*"):
+        if folder.name not in running and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()  # a cell stopped before it wrote anything
 
 
 def _jsonable_grid(grid: Grid) -> dict[str, Any]:
@@ -137,70 +120,14 @@ def run_sweep(grid: Grid, out: Path, address: str | None = None) -> dict[str, in
     if target.exists() and not target.is_dir():
         raise UserError(f"--out: {out} exists and is not a directory")
     out = target
+    r = grid.resources
+    jobs = [Job(cell.key, run_cell_job, (cell,)) for cell in cells]
     with locked(out):
         prepare(out, grid)
-        done_before = finished(out)
-        todo = [cell for cell in cells if cell.key not in done_before]
-        counts = {"done": len(cells) - len(todo), "failed": 0, "skipped": len(cells) - len(todo)}
-        say(f"sweep: {len(cells)} cells, {counts['skipped']} finished before, {len(todo)} to run")
-        if todo:
-            _run_on_ray(grid, todo, out, address, counts, len(cells))
-    return counts
-
-
-def _run_on_ray(
-    grid: Grid, todo: list[Cell], out: Path, address: str | None, counts: dict[str, int],
-    total: int,
-) -> None:  # fmt: skip
-    import ray
-
-    r = grid.resources
-    start_ray(address)
-    try:
-        task = ray.remote(num_cpus=r.cpus_per_cell, num_gpus=r.gpus_per_cell, max_retries=0)(
-            run_one
-        )
-        pending = {task.remote(cell, out, r.threads_per_cell): cell for cell in todo}
-        slots = max(1, int(ray.cluster_resources().get("CPU", 1) // r.cpus_per_cell))
-        start = time.perf_counter()
-        with progress_bar(transient=False) as bar:
-            shown = bar.add_task("cells", total=total, completed=counts["done"])
-            while pending:
-                running = min(len(pending), slots)
-                bar.update(
-                    shown, description=f"cells ({running} running, {counts['failed']} failed)"
-                )
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                for ref in ready:
-                    cell = pending.pop(ref)
-                    outcome = _outcome(ref, cell, out)
-                    if outcome.error is None:
-                        counts["done"] += 1
-                        bar.advance(shown)
-                    else:
-                        counts["failed"] += 1
-                    if bar.disable:  # no terminal: a line per cell
-                        what = "done" if outcome.error is None else f"failed: {outcome.error}"
-                        say(
-                            f"cell {cell.key} {what} ({counts['done']}/{total} done, "
-                            f"{counts['failed']} failed, {len(pending)} to go; "
-                            f"{time.perf_counter() - start:.0f} s)"
-                        )
-    finally:
-        ray.shutdown()  # stops the cells still running (cancelling them races in Ray)
-        tidy_cells(out, wait=WORKERS_EXIT)
-
-
-def _outcome(ref: Any, cell: Cell, out: Path) -> Outcome:
-    """A finished task's outcome; a task Ray lost (out of memory, a crashed worker) counts as a
-    failed cell."""
-    import ray
-
-    try:
-        return ray.get(ref)
-    except ray.exceptions.RayError as exc:
-        message = first_line(exc)
-        failed = out / "failed" / f"{cell.key}.txt"
-        failed.parent.mkdir(exist_ok=True)
-        replace_atomically(failed, lambda tmp: tmp.write_text(f"Ray: {message}\n"))
-        return Outcome(cell.key, f"Ray: {message}")
+        try:
+            return run_jobs(
+                jobs, out / "cells", "sweep", None, what="cells", address=address,
+                share=Share(r.cpus_per_cell, r.gpus_per_cell, r.threads_per_cell), keep_going=True,
+            )  # fmt: skip
+        finally:
+            tidy_cells(out, wait=WORKERS_EXIT)

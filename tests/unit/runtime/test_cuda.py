@@ -1,5 +1,5 @@
 """The CUDA path against the CPU path. Skipped without a CUDA GPU (CI runs on CPU only); run
-``.venv/bin/python -m pytest -q tests/test_cuda.py`` on a GPU machine."""
+``.venv/bin/python -m pytest -q tests/unit/runtime/test_cuda.py`` on a GPU machine."""
 
 from __future__ import annotations
 

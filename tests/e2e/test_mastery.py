@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import assert_matches_reference, run_cli
+from helpers import assert_matches_reference, run_cli
 from nopelab.config import ModelConfig, TrainConfig
 from nopelab.errors import ConfigError
 from nopelab.experiments import zuo2025_mastery, zuo2025_trained

@@ -1,4 +1,5 @@
-"""A reproduction's models as jobs: each runs once, finished ones are skipped, errors surface."""
+"""The job runner: each job runs once, finished ones are skipped, errors surface or (keep_going)
+are recorded while the others go on."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nopelab.errors import UserError
-from nopelab.sweep.jobs import DONE, Job, run_jobs
+from nopelab.sweep.runner import DONE, Job, is_done, run_jobs
 
 
 def test_finished_jobs_are_skipped_and_a_failed_one_runs_again(tmp_path: Path) -> None:
@@ -22,18 +23,18 @@ def test_finished_jobs_are_skipped_and_a_failed_one_runs_again(tmp_path: Path) -
 
     jobs = [Job("a", write, ("one",)), Job("b", write, ("bad",)), Job("c", write, ("three",))]
     with pytest.raises(UserError, match="--thing: bad"):
-        run_jobs(jobs, tmp_path, "test", workers=1)
+        run_jobs(jobs, tmp_path / "runs", "test", workers=1)
     assert calls == ["one", "bad"]
     assert (tmp_path / "runs" / "a" / DONE).is_file()
     assert not (tmp_path / "runs" / "b" / DONE).exists()
 
     jobs[1] = Job("b", write, ("two",))
-    run_jobs(jobs, tmp_path, "test", workers=1)
+    run_jobs(jobs, tmp_path / "runs", "test", workers=1)
     assert calls == ["one", "bad", "two", "three"]  # a was not run again
     texts = [(tmp_path / "runs" / name / "out.txt").read_text() for name in "abc"]
     assert texts == ["one", "two", "three"]
     with pytest.raises(ValueError, match="repeat"):
-        run_jobs([Job("a", write), Job("a", write)], tmp_path, "test", workers=1)
+        run_jobs([Job("a", write), Job("a", write)], tmp_path / "runs", "test", workers=1)
 
 
 @pytest.mark.slow
@@ -44,12 +45,30 @@ def test_jobs_on_ray_run_in_other_processes_and_their_error_is_raised_here(tmp_p
     def fail(folder: Path) -> None:
         raise UserError("--lr: must be > 0")
 
-    run_jobs([Job(name, write_pid) for name in "abcd"], tmp_path, "test", workers=2)
+    run_jobs([Job(name, write_pid) for name in "abcd"], tmp_path / "runs", "test", workers=2)
     pids = {(tmp_path / "runs" / name / "pid.txt").read_text() for name in "abcd"}
     assert str(os.getpid()) not in pids
     assert all((tmp_path / "runs" / name / DONE).is_file() for name in "abcd")
-    run_jobs([Job("a", write_pid), Job("e", write_pid)], tmp_path, "test", workers=2)
+    run_jobs([Job("a", write_pid), Job("e", write_pid)], tmp_path / "runs", "test", workers=2)
     assert (tmp_path / "runs" / "e" / "pid.txt").read_text() != str(os.getpid())  # one job left
     with pytest.raises(UserError, match="--lr: must be > 0"):
-        run_jobs([Job("g", write_pid), Job("f", fail)], tmp_path, "test", workers=2)
+        run_jobs([Job("g", write_pid), Job("f", fail)], tmp_path / "runs", "test", workers=2)
     assert not (tmp_path / "runs" / "f" / DONE).exists()
+
+
+def test_with_keep_going_a_failure_is_recorded_and_the_others_run(tmp_path: Path) -> None:
+    def write(text: str, folder: Path) -> None:
+        if text == "bad":
+            raise UserError("--thing: bad")
+        (folder / "out.txt").write_text(text)
+
+    jobs = [Job("a", write, ("one",)), Job("b", write, ("bad",)), Job("c", write, ("three",))]
+    root = tmp_path / "cells"
+    counts = run_jobs(jobs, root, "test", workers=1, keep_going=True)
+    assert counts == {"done": 2, "failed": 1, "skipped": 0}
+    assert (tmp_path / "failed" / "b.txt").read_text() == "--thing: bad\n"
+    assert [is_done(root, key) for key in "abc"] == [True, False, True]
+    jobs[1] = Job("b", write, ("two",))
+    counts = run_jobs(jobs, root, "test", workers=1, keep_going=True)
+    assert counts == {"done": 3, "failed": 0, "skipped": 2}
+    assert not (tmp_path / "failed" / "b.txt").exists()  # the failure record goes with success

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import failure_line, run_cli
+from helpers import failure_line, run_cli
 from nopelab.runtime.rundir import RUN_MARKER, locked, write_json
 from nopelab.training import checkpoint
 

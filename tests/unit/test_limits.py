@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import nopelab.limits as limits
-from conftest import run_cli
+from helpers import run_cli
 from nopelab.config import AnalysisConfig, InterventionConfig, ModelConfig
 from nopelab.errors import UserError
 from nopelab.models.transformer import Transformer

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import nopelab.hf.export as export_module
-from conftest import run_cli
+from helpers import run_cli
 from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
 from nopelab.errors import ConfigError
 from nopelab.hf.export import export

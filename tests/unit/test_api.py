@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import nopelab
-from conftest import run_cli
+from helpers import run_cli
 from nopelab.errors import ConfigError, UserError
 
 MODEL = {"n_layers": 2, "n_heads": 2, "d_model": 16}

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import assert_matches_reference
+from helpers import assert_matches_reference
 from nopelab.cli import main
 from nopelab.config import ModelConfig, RunConfig, TrainConfig
 from nopelab.errors import UserError
@@ -25,7 +25,7 @@ from nopelab.experiments import train_and_measure as trained_module
 from nopelab.experiments.train_and_measure import stage_folder, train_into
 from nopelab.models.transformer import Transformer
 from nopelab.runtime.rundir import write_marker
-from nopelab.sweep.jobs import DONE
+from nopelab.sweep.runner import DONE
 from nopelab.training.tasks import TaskConfig
 from nopelab.training.train import TrainRun, train
 

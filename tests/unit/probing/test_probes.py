@@ -13,7 +13,7 @@ import pytest
 import scipy.stats
 import torch
 
-from conftest import run_cli
+from helpers import run_cli
 from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, TrainConfig
 from nopelab.errors import ConfigError, UserError
 from nopelab.measure import theory

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 # Text that narrates the project's own history, or points at documents outside the repository.
 FORBIDDEN = re.compile(

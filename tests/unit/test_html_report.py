@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import run_cli
+from helpers import run_cli
 from nopelab.errors import UserError
 
 ANALYZE = ["--layers", "2", "--heads", "2", "--d-model", "16", "--seq-len", "32", "--samples", "8"]

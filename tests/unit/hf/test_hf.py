@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_matches_reference, run_cli
+from helpers import assert_matches_reference, run_cli
 from hf_tiny import ARCHITECTURES, LAYERS, ROPE_LAYERS, VOCAB, tiny
 from nopelab import limits
 from nopelab.config import DEFAULT_SITES, AnalysisConfig, ProbeConfig

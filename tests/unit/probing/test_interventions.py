@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import run_cli
+from helpers import run_cli
 from nopelab.config import (
     AnalysisConfig,
     CorpusConfig,

@@ -16,7 +16,7 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from conftest import failure_line, run_cli
+from helpers import failure_line, run_cli
 from nopelab.cli import app
 from nopelab.runtime import progress as progress_module
 
@@ -449,7 +449,7 @@ def test_the_console_script_starts_without_pytorch() -> None:
     loads: importing it must not import PyTorch (whose import takes seconds)."""
     import tomllib
 
-    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     module, _, function = pyproject["project"]["scripts"]["nopelab"].partition(":")
     code = f"import sys, {module}; {module}.{function}; print(sorted({{'torch', 'numpy'}} & set(sys.modules)))"
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -741,7 +741,7 @@ def test_swiglu_down_projection_gets_gpt2_scaling() -> None:
 def test_mlp_choice_is_validated(tmp_path, capsys, monkeypatch) -> None:
     import json
 
-    from conftest import run_cli
+    from helpers import run_cli
     from nopelab.config import build
     from nopelab.errors import ConfigError
 

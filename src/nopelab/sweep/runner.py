@@ -1,0 +1,202 @@
+"""The one way nopelab runs many pieces of work: a sweep's cells and a reproduction's models.
+
+Each :class:`Job` writes into its own folder ``ROOT/KEY`` and is finished when that folder holds
+:data:`DONE`, written after the job returned. Running the same jobs again skips the finished ones
+and runs the others again (a training job continues from its last checkpoint).
+
+:func:`run_jobs` runs the unfinished jobs as Ray tasks side by side, each on its share of CPUs
+and torch threads (on a CPU, small models train and analyse faster side by side than one after
+another with every thread; the numbers do not depend on how many run at once), on a local
+cluster or the one at ``address``; or, with one worker and no address, in this process, one
+after another. A failing job stops the run (a reproduction), or, with ``keep_going``, is
+recorded in ``failed/KEY.txt`` beside ``ROOT`` while the others go on (a sweep).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nopelab.errors import RunFailed, UserError, first_line
+from nopelab.runtime.progress import progress_bar, say
+from nopelab.runtime.rundir import replace_atomically
+from nopelab.sweep.cluster import start_ray, worker_threads
+
+DONE = "done.json"  # in ROOT/KEY when the job has finished
+
+
+@dataclass(frozen=True)
+class Job:
+    """``fn(*args, folder)`` writes the job's files into ``folder`` (``ROOT/KEY``); ``fn`` is a
+    module-level function, so that a Ray worker can import it."""
+
+    key: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class Share:
+    """What each job gets on Ray: CPUs and GPUs it reserves, torch threads it uses."""
+
+    cpus: float = 1.0
+    gpus: float = 0.0
+    threads: int = 1
+
+
+def is_done(root: Path, key: str) -> bool:
+    return (root / key / DONE).is_file()
+
+
+def default_workers(device: str) -> int:
+    """How many jobs run at once: one single-thread job per core on a CPU, one on a GPU."""
+    from nopelab.runtime.device import resolve_device
+
+    return len(os.sched_getaffinity(0)) if resolve_device(device).type == "cpu" else 1
+
+
+def run_job(job: Job, root: Path) -> None:
+    """Run ``job`` into ``root/KEY`` and mark it finished."""
+    folder = root / job.key
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    job.fn(*job.args, folder)
+    record = {"job": job.key, "seconds": round(time.perf_counter() - start, 3)}
+    replace_atomically(folder / DONE, lambda tmp: tmp.write_text(json.dumps(record) + "\n"))
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    root: Path,
+    title: str,
+    workers: int | None,
+    *,
+    what: str = "jobs",
+    address: str | None = None,
+    share: Share = Share(),
+    keep_going: bool = False,
+) -> dict[str, int]:
+    """Run every unfinished job of ``jobs`` into ``root``; return how many are ``done`` (now and
+    before), ``failed`` and ``skipped`` (finished before).
+
+    ``workers``: jobs at once on a local Ray cluster of that many CPUs (even a single job left
+    runs there, so its numbers are those of a ``share.threads``-thread run); ``None``: every CPU
+    of the cluster (local, or at ``address``); 1 without ``address``: here, one after another.
+    ``what`` names the jobs in progress lines (``models``, ``cells``).
+    """
+    keys = [job.key for job in jobs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"job keys repeat: {keys}")
+    todo = [job for job in jobs if not is_done(root, job.key)]
+    skipped = len(jobs) - len(todo)
+    counts = {"done": skipped, "failed": 0, "skipped": skipped}
+    say(f"{title}: {len(jobs)} {what}, {skipped} finished before, {len(todo)} to run")
+    if not todo:
+        return counts
+    progress = _Progress(title, len(jobs), counts)
+    if workers == 1 and address is None:
+        with progress_bar(transient=False) as bar:
+            progress.bar = bar
+            shown = bar.add_task(title, total=len(jobs), completed=skipped)
+            for job in todo:
+                error = _run(job, root, None, keep_going)
+                progress.finished(job.key, error)
+                if error is None:
+                    bar.advance(shown)
+        return counts
+    start_ray(address, num_cpus=workers, worker_output=not keep_going)
+    try:
+        _on_ray(todo, root, share, keep_going, progress)
+    finally:
+        import ray
+
+        ray.shutdown()  # stops the jobs still running (cancelling them races in Ray)
+    return counts
+
+
+def _run(job: Job, root: Path, threads: int | None, keep_going: bool) -> str | None:
+    """Run one job (in a Ray worker: on ``threads`` threads); with ``keep_going`` its error is
+    recorded and returned rather than raised."""
+    if threads is not None:
+        worker_threads(threads)
+    failed = root.parent / "failed" / f"{job.key}.txt"
+    try:
+        run_job(job, root)
+    except Exception as exc:
+        if not keep_going:
+            raise
+        return _record_failure(failed, first_line(exc))
+    failed.unlink(missing_ok=True)
+    return None
+
+
+def _record_failure(path: Path, message: str) -> str:
+    path.parent.mkdir(exist_ok=True)
+    replace_atomically(path, lambda tmp: tmp.write_text(message + "\n"))
+    return message
+
+
+@dataclass
+class _Progress:
+    """Counts and a line per finished job where stderr is not a terminal."""
+
+    title: str
+    total: int
+    counts: dict[str, int]
+    bar: Any = None
+    start: float = field(default_factory=time.perf_counter)
+
+    def finished(self, key: str, error: str | None) -> None:
+        self.counts["done" if error is None else "failed"] += 1
+        if self.bar is None or self.bar.disable:
+            what = "done" if error is None else f"failed: {error}"
+            say(
+                f"{self.title}: {key} {what} ({self.counts['done']}/{self.total} done, "
+                f"{self.counts['failed']} failed; {time.perf_counter() - self.start:.0f} s)"
+            )
+
+
+def _on_ray(
+    todo: list[Job], root: Path, share: Share, keep_going: bool, progress: _Progress
+) -> None:
+    import ray
+
+    task = ray.remote(num_cpus=share.cpus, num_gpus=share.gpus, max_retries=0)(_run)
+    pending = {task.remote(job, root, share.threads, keep_going): job for job in todo}
+    with progress_bar(transient=False) as bar:
+        progress.bar = bar
+        shown = bar.add_task(
+            progress.title, total=progress.total, completed=progress.counts["done"]
+        )
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                job = pending.pop(ref)
+                error = _outcome(ref, job, root, keep_going, progress.title)
+                progress.finished(job.key, error)
+                if error is None:
+                    bar.advance(shown)
+
+
+def _outcome(ref: Any, job: Job, root: Path, keep_going: bool, title: str) -> str | None:
+    """A finished task's error (``None``: done). A job's own error is raised here as if it had
+    happened here; a task Ray lost (out of memory, a crashed worker) fails the run, or, with
+    ``keep_going``, counts as a failed job."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, UserError | RunFailed | OSError):
+            raise exc.cause from None  # one line
+        raise  # a bug: the worker's traceback
+    except ray.exceptions.RayError as exc:
+        reason = first_line(exc)
+        if not keep_going:
+            raise RunFailed(f"{title}: a Ray task failed: {reason}") from None
+        return _record_failure(root.parent / "failed" / f"{job.key}.txt", f"Ray: {reason}")
