@@ -55,7 +55,7 @@ def reproduce(
     ] = None,
 ) -> None:
     """Reproduce a paper's results at a chosen scale, with figures and a markdown summary."""
-    from nopelab.experiments import EXPERIMENTS
+    from nopelab.experiments import EXPERIMENTS, with_reuse
     from nopelab.runtime.rundir import check_resume, default_out, resumable_run, staged_run
 
     if paper not in EXPERIMENTS:
@@ -85,11 +85,9 @@ def reproduce(
     resolve_device(device)
     settings = runner.settings(scale, seed, device)  # validates before any output exists
     if models is not None:
-        if (paper, part) != ("zuo2025", "probes"):
-            raise UserError("--models: only for zuo2025 --part probes")
-        from nopelab.experiments.zuo2025_probes import reuse_models
-
-        settings = reuse_models(settings, models)
+        if runner.reuse_models is None:
+            raise UserError(f"--models: only for {', '.join(with_reuse())}")
+        settings = runner.reuse_models(settings, models)
     if not runner.resumable:
         with staged_run(out, force, (), command="reproduce") as staging:
             runner.run(settings, staging)

@@ -24,12 +24,15 @@ class Part:
     """``settings(scale, seed, device)`` validates and resolves; ``run(settings, out)`` writes.
 
     A resumable part runs its models as jobs (:func:`~nopelab.sweep.runner.run_jobs`) and writes
-    into ``--out`` as it goes; ``--resume`` continues it, skipping finished models."""
+    into ``--out`` as it goes; ``--resume`` continues it, skipping finished models.
+    ``reuse_models(settings, folder)``, where given, takes models from another finished run
+    (``--models``) instead of training them."""
 
     settings: Callable[[str, int, str], Any]
     run: Callable[[Any, Path], None]
     resumable: bool = False
     scales: tuple[str, ...] = ("smoke", "small", "paper")
+    reuse_models: Callable[[Any, Path], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -55,10 +58,17 @@ EXPERIMENTS = {
                 zuo2025_trained.settings, zuo2025_trained.run, resumable=True, scales=WITH_MEDIUM
             ),
             "probes": Part(
-                zuo2025_probes.settings, zuo2025_probes.run, resumable=True, scales=WITH_MEDIUM
+                zuo2025_probes.settings,
+                zuo2025_probes.run,
+                resumable=True,
+                scales=WITH_MEDIUM,
+                reuse_models=zuo2025_probes.reuse_models,
             ),
             "mastery": Part(
-                zuo2025_mastery.settings, zuo2025_mastery.run, resumable=True, scales=TO_TARGET
+                zuo2025_mastery.settings,
+                zuo2025_mastery.run,
+                resumable=True,
+                scales=TO_TARGET,
             ),
         },
         "random-init",
@@ -72,3 +82,13 @@ EXPERIMENTS = {
         "smollm2",
     ),
 }
+
+
+def with_reuse() -> list[str]:
+    """The parts that take ``--models``, as ``PAPER --part PART``."""
+    return [
+        f"{paper} --part {name}"
+        for paper, e in EXPERIMENTS.items()
+        for name, part in e.parts.items()
+        if part.reuse_models is not None
+    ]

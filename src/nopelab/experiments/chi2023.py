@@ -15,12 +15,14 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict, cast
 
 import numpy as np
 import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, RunConfig, Site
+from nopelab.experiments.scale_files import read_scales
 from nopelab.measure import theory
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.capture import CaptureResult
@@ -33,20 +35,28 @@ from nopelab.runtime.progress import stage
 from nopelab.tables import markdown_table, mean_std
 
 SIGMA = 0.02
-SCALES = {
-    "smoke": dict(d_model=64, n_heads=4, n_layers=3, seq_len=64, samples=8, batch_size=8),
-    "small": dict(d_model=768, n_heads=12, n_layers=12, seq_len=512, samples=32, batch_size=4),
-    "paper": dict(d_model=768, n_heads=12, n_layers=12, seq_len=512, samples=256, batch_size=16),
-}
+
+
+class ProbeScale(TypedDict):
+    samples: int  # probe inputs (random vectors, as for the statistics)
+    epochs: int
+
+
+class Scale(TypedDict):
+    d_model: int
+    n_heads: int
+    n_layers: int
+    seq_len: int
+    samples: int
+    batch_size: int
+    probe: ProbeScale
+
+
+SCALES = cast(dict[str, Scale], read_scales("chi2023", Scale))
 PROBE_SITES: tuple[Site, ...] = ("resid_post", "attn_out")
 # Chi et al.'s probe reads the raw vector; the log variance over coordinates (one number, the
 # quantity their derivation is about) is probed beside it as a reference
 PROBE_FEATURES = ("raw", "variance")
-PROBE_SCALES = {  # probe inputs (random vectors, as for the statistics) and training length
-    "smoke": dict(samples=16, epochs=10),
-    "small": dict(samples=32, epochs=10),
-    "paper": dict(samples=256, epochs=20),
-}
 
 
 @dataclass(frozen=True)
@@ -78,7 +88,7 @@ def settings(scale: str, seed: int, device: str) -> Settings:
         seed=seed,
         device=device,
     )
-    p = PROBE_SCALES[scale]
+    p = s["probe"]
     probe_analysis = dataclasses.replace(
         analysis, samples=p["samples"], sites=PROBE_SITES, attn_entropy=False
     )

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig, PosEncoding
+from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.train_and_measure import (
     Trained,
     lm_runs,
@@ -39,25 +40,7 @@ class Scale(TypedDict):
     samples: int  # held-out text windows analysed
 
 
-SCALES: dict[str, Scale] = {
-    "smoke": dict(
-        model=dict(d_model=32, n_layers=2, n_heads=2),
-        train=dict(steps=20, batch_size=8, seq_len=32, lr=3e-3, warmup=2, eval_tokens=2048),
-        samples=8,
-    ),
-    "small": dict(
-        model=dict(d_model=192, n_layers=6, n_heads=6),
-        train=dict(steps=800, batch_size=32, seq_len=128, lr=2e-3, warmup=80, eval_tokens=65536),
-        samples=64,
-    ),
-    "paper": dict(  # GPT-2-small shape; the paper's model was larger and saw far more text
-        model=dict(d_model=768, n_layers=12, n_heads=12),
-        train=dict(
-            steps=10_000, batch_size=64, seq_len=512, lr=6e-4, warmup=500, eval_tokens=262_144
-        ),
-        samples=256,
-    ),
-}
+SCALES = cast(dict[str, Scale], read_scales("chi2023_pretrained", Scale))
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig, PosEncoding, Probe, ProbeConfig, Site
+from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.train_and_measure import lm_runs, perplexity_row, train_into
 from nopelab.probing.pipeline import probe_model
 from nopelab.runtime.device import resolve_device
@@ -64,25 +65,7 @@ class Scale(TypedDict):
     probe: ProbeScale
 
 
-SCALES: dict[str, Scale] = {
-    "smoke": dict(
-        model=dict(d_model=32, n_layers=2, n_heads=2),
-        train=dict(steps=20, batch_size=8, seq_len=32, lr=3e-3, warmup=2, eval_tokens=2048),
-        probe=dict(samples=48, epochs=20, batch_size=128),
-    ),
-    "small": dict(  # four models on a 2-core CPU: smaller than chi2023 --part pretrained
-        model=dict(d_model=128, n_layers=6, n_heads=4),
-        train=dict(steps=600, batch_size=16, seq_len=128, lr=2e-3, warmup=60, eval_tokens=65536),
-        probe=dict(samples=128, epochs=20, batch_size=128),
-    ),
-    "paper": dict(  # GPT-2-small shape at Haviv's T = 1024; the paper's model was 1.3B
-        model=dict(d_model=768, n_layers=12, n_heads=12),
-        train=dict(
-            steps=10_000, batch_size=32, seq_len=1024, lr=6e-4, warmup=500, eval_tokens=262_144
-        ),
-        probe=dict(samples=512, epochs=10, batch_size=512),
-    ),
-}
+SCALES = cast(dict[str, Scale], read_scales("haviv2022", Scale))
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import torch
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import ConfigError
+from nopelab.experiments.scale_files import read_scales
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.run_files import positions_table, summary_rows
 from nopelab.probing.pipeline import probe_model
@@ -54,23 +55,11 @@ class Scale(TypedDict):
     seq_len: int
     samples: int  # windows analysed and probed
     loss_windows: int  # windows the loss is measured on
-    probe_layers: tuple[int, ...]
+    probe_layers: list[int]
     seeds: int  # probe seeds
 
 
-SCALES: dict[str, Scale] = {
-    "smoke": dict(seq_len=64, samples=8, loss_windows=8, probe_layers=(1, 15, 30), seeds=2),
-    "small": dict(
-        seq_len=256,
-        samples=32,
-        loss_windows=32,
-        probe_layers=(1, 2, 4, 8, 12, 16, 20, 24, 30),
-        seeds=3,
-    ),
-    "paper": dict(
-        seq_len=1024, samples=128, loss_windows=128, probe_layers=tuple(range(1, 31)), seeds=3
-    ),
-}
+SCALES = cast(dict[str, Scale], read_scales("real_model", Scale))
 FEATURES = ("variance", "norm", "cos_row", "raw")
 HEATMAP_LAYERS = (1, 2, 8, 16, 30)
 
@@ -118,7 +107,10 @@ def settings(scale: str, seed: int, device: str) -> Settings:
         analysis=AnalysisConfig(**common, sites=("embed", "attn_out", "resid_post"), device=device),
         probe_analysis=AnalysisConfig(**common, sites=("resid_post",), device=device),
         probe=ProbeConfig(
-            layers=s["probe_layers"], probes=("mlp-reg",), features=FEATURES, seeds=s["seeds"]
+            layers=tuple(s["probe_layers"]),
+            probes=("mlp-reg",),
+            features=FEATURES,
+            seeds=s["seeds"],
         ),
         loss_windows=s["loss_windows"],
         scale=scale,

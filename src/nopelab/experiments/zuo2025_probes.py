@@ -20,6 +20,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict, cast
 
 import pandas as pd
 
@@ -27,6 +28,7 @@ from nopelab import plots
 from nopelab.config import AnalysisConfig, ProbeConfig, Site, Target
 from nopelab.errors import UserError
 from nopelab.experiments import zuo2025_trained
+from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.train_and_measure import train_into
 from nopelab.models.transformer import Transformer, build_model
 from nopelab.probing import signals
@@ -44,12 +46,14 @@ TARGETS: tuple[Target, ...] = ("position", "distance")
 SITES: tuple[Site, ...] = ("attn_heads", "attn_out")
 SEQ_LEN = 16  # Zuo et al.'s probe sequences
 RANDOM = "random-init"
-PROBE_SCALES = {  # probe inputs per model and target: sequences of uniformly random digits
-    "smoke": dict(samples=40, epochs=8),
-    "small": dict(samples=64, epochs=20),
-    "medium": dict(samples=256, epochs=20),
-    "paper": dict(samples=256, epochs=20),
-}
+
+
+class ProbeScale(TypedDict):
+    samples: int  # probe inputs per model and target: sequences of uniformly random digits
+    epochs: int
+
+
+PROBE_SCALES = cast(dict[str, ProbeScale], read_scales("zuo2025_probes", ProbeScale))
 
 
 @dataclass(frozen=True)

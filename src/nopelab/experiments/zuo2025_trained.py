@@ -33,6 +33,7 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, PosEncoding, Site, TrainConfig
+from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.train_and_measure import read_trained, stage_folder, train_and_analyze
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
@@ -75,56 +76,15 @@ class Scale:
     eval_every: int | None = None  # steps between evaluations (None: a tenth of the steps)
 
 
-CPU_RECIPE = dict(batch_size=128, lr=1e-3, warmup=100)
-SCALES = {
-    "smoke": Scale(
-        lengths={"add": 1, "reverse": 3, "order": 3, "wherex": 3},
-        steps=dict.fromkeys(TASKS, 20),
-        model=dict(d_model=32, n_layers=2, n_heads=2),
-        train=dict(batch_size=16, lr=3e-3, warmup=2),
-        train_size={"add": 60, "reverse": 300, "order": 300, "wherex": 300},
-        test_size=32,
-        samples=16,
-        curriculum={"wherex": (Stage(max_len=2, steps=10, train_size=100),)},
-        stop_at=0.25,
-        eval_every=5,
-    ),
-    "small": Scale(  # shorter instances in Zuo's formats, each model trained to mastery
-        lengths={"add": 2, "reverse": 5, "order": 3, "wherex": 4},
-        steps={"add": 4000, "reverse": 5000, "order": 4000, "wherex": 8000},  # caps
-        model=dict(d_model=128, n_layers=4, n_heads=4),
-        train=CPU_RECIPE,
-        train_size={"add": 4000, "reverse": 10_000, "order": 3000, "wherex": 10_000},
-        test_size=500,
-        stop_at=0.99,
-        eval_every=100,
-    ),
-    "medium": Scale(  # Zuo's task lengths with the CPU recipe; wherex after 4 and 6 digits
-        lengths=ZUO_LENGTHS,
-        steps={"add": 8000, "reverse": 4000, "order": 4000, "wherex": 4000},
-        model=dict(d_model=128, n_layers=4, n_heads=4),
-        train=CPU_RECIPE,
-        train_size={"add": 10_000, "reverse": 10_000, "order": 10_000, "wherex": 100_000},
-        test_size=1000,
-        curriculum={
-            "wherex": (
-                Stage(max_len=4, steps=3000, train_size=10_000),
-                Stage(max_len=6, steps=2000, train_size=10_000),
-            )
-        },
-    ),
-    "paper": Scale(  # Zuo's add3 recipe: 6 x 6 x 384, context 256, batch 256, 5000 iterations
-        lengths=ZUO_LENGTHS,
-        steps=dict.fromkeys(TASKS, 5000),
-        model=dict(d_model=384, n_layers=6, n_heads=6, dropout=0.2, init="gpt2"),
-        train=dict(batch_size=256, seq_len=256, lr=2.6441e-4, warmup=400),
-        train_size=dict.fromkeys(TASKS, 10_000),
-        test_size=1000,
-        layout="windows",
-        loss_mode="all",
-        workers=1,
-    ),
-}
+def _scale(table: dict[str, Any]) -> Scale:
+    curriculum = {
+        task: tuple(Stage(**stage) for stage in stages)
+        for task, stages in table.get("curriculum", {}).items()
+    }
+    return Scale(**{**table, "curriculum": curriculum})
+
+
+SCALES = {name: _scale(table) for name, table in read_scales("zuo2025_trained", Scale).items()}
 
 
 @dataclass(frozen=True)
