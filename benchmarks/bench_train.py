@@ -81,8 +81,10 @@ from torch import nn
 
 from nopelab.config import ModelConfig, TrainConfig
 from nopelab.models.transformer import Transformer
-from nopelab.training.tasks import TaskConfig, make_splits, max_line_len
-from nopelab.training.train import TrainRun, train
+from nopelab.training.run import TrainRun
+from nopelab.training.task_config import TaskConfig
+from nopelab.training.tasks import make_splits, max_line_len
+from nopelab.training.train import train
 from timing import best_of
 
 R = TypeVar("R")

@@ -27,8 +27,9 @@ def _seed() -> None:
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished two-step training run of a tiny model on ``copy`` (one per test module)."""
     from nopelab.config import ModelConfig, TrainConfig
-    from nopelab.training.tasks import TaskConfig
-    from nopelab.training.train import TrainRun, train
+    from nopelab.training.run import TrainRun
+    from nopelab.training.task_config import TaskConfig
+    from nopelab.training.train import train
 
     run = TrainRun(
         model=ModelConfig(d_model=16, n_layers=2, n_heads=2, max_seq_len=32),

@@ -26,8 +26,9 @@ from nopelab.experiments.train_and_measure import stage_folder, train_into
 from nopelab.models.transformer import Transformer
 from nopelab.runtime.rundir import write_marker
 from nopelab.sweep.runner import DONE
-from nopelab.training.tasks import TaskConfig
-from nopelab.training.train import TrainRun, train
+from nopelab.training.run import TrainRun
+from nopelab.training.task_config import TaskConfig
+from nopelab.training.train import train
 
 
 def reproduce(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:

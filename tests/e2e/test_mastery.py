@@ -16,8 +16,9 @@ from nopelab.config import ModelConfig, TrainConfig
 from nopelab.errors import ConfigError
 from nopelab.experiments import zuo2025_mastery, zuo2025_trained
 from nopelab.experiments.train_and_measure import stage_folder, train_into
-from nopelab.training.tasks import TaskConfig
-from nopelab.training.train import TrainRun, train
+from nopelab.training.run import TrainRun
+from nopelab.training.task_config import TaskConfig
+from nopelab.training.train import train
 
 
 def wherex_run(stop_at: float | None = None, steps: int = 40) -> TrainRun:

@@ -339,7 +339,7 @@ def test_config_error_survives_pickling() -> None:
 
 def test_numbers_too_large_for_a_setting_are_config_errors() -> None:
     from nopelab.config import TrainConfig
-    from nopelab.training.tasks import TaskConfig
+    from nopelab.training.task_config import TaskConfig
 
     with pytest.raises(ConfigError, match="lr: must be a finite number"):
         TrainConfig(lr=10**400)  # an int that no float can hold (a long literal in a file)

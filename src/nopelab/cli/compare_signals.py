@@ -66,7 +66,7 @@ def compare_signals(
     from nopelab.probing.signals import verdict
     from nopelab.runtime.progress import stage
     from nopelab.runtime.rundir import default_out, staged_run
-    from nopelab.training.train import read_run
+    from nopelab.training.run import read_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
     models = []  # (label, state, model, settings, source)

@@ -22,7 +22,7 @@ def export(
     checked to give the same logits; load it with AutoModelForCausalLM.from_pretrained(OUT)."""
     from nopelab.hf.export import export_run, family
     from nopelab.runtime.rundir import staged_run
-    from nopelab.training.train import read_run
+    from nopelab.training.run import read_run
 
     family(read_run(run_dir).model)  # an unexportable config fails before anything is written
     with staged_run(out, force, resolve.inputs(run_dir), command="export") as staging:

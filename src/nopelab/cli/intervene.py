@@ -49,7 +49,7 @@ def intervene(
     from nopelab.config import build, read_config_file
     from nopelab.probing.interventions import run_interventions, write_interventions
     from nopelab.runtime.rundir import default_out, staged_run
-    from nopelab.training.train import read_run
+    from nopelab.training.run import read_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
     check_sections(data, ("intervention", "analysis", "probe"))

@@ -14,7 +14,7 @@ from nopelab.cli.app import DATA, MODEL_OPTIONS, OUTPUT, TRAINING, ConfigFile, F
 from nopelab.cli.options import Given, Group, with_options
 from nopelab.config import CorpusConfig, TrainConfig
 from nopelab.errors import RunFailed, UserError
-from nopelab.training.tasks import TaskConfig
+from nopelab.training.task_config import TaskConfig
 
 
 @app.command()
@@ -50,7 +50,7 @@ def train(
     """Train a model on a synthetic task (--task) or on text (--corpus); torchrun runs it data-parallel."""
     from nopelab.config import read_config_file
     from nopelab.runtime.rundir import check_resume, is_disk_full
-    from nopelab.training.train import assemble_run, read_run
+    from nopelab.training.run import assemble_run, read_run
     from nopelab.training.train import train as run_training
 
     check_resume(resume, force, out)

@@ -29,7 +29,7 @@ from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import markdown_table
-from nopelab.training.train import TrainRun
+from nopelab.training.run import TrainRun
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "rope")
 

@@ -31,7 +31,8 @@ from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
-from nopelab.training.train import TrainRun, load_trained, make_source
+from nopelab.training.run import TrainRun
+from nopelab.training.train import load_trained, make_source
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "alibi")
 LABELS = {"none": "NoPE", "learned": "learned", "sinusoidal": "sinusoidal", "alibi": "ALiBi"}

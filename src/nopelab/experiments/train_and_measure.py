@@ -31,7 +31,8 @@ from nopelab.measure.analysis import analyze_model
 from nopelab.measure.run_files import WrittenAnalysis, read_analysis, write_analysis
 from nopelab.models.transformer import build_model
 from nopelab.training.checkpoint import STATE_FILE
-from nopelab.training.train import TrainRun, load_trained, make_source, read_run, train
+from nopelab.training.run import TrainRun, read_run
+from nopelab.training.train import load_trained, make_source, train
 
 PERPLEXITY_LENGTHS = ("perplexity", "perplexity_2x", "perplexity_4x")
 

@@ -25,7 +25,7 @@ from nopelab.experiments.train_and_measure import stage_folder, train_into
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.runner import Job, run_jobs
 from nopelab.tables import markdown_table
-from nopelab.training.train import TrainRun
+from nopelab.training.run import TrainRun
 
 SEEDS = 3
 POS_ENCODINGS = ("none",)

@@ -39,8 +39,10 @@ from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
-from nopelab.training.tasks import Layout, LossMode, Task, TaskConfig, max_line_len, max_prompt_len
-from nopelab.training.train import TrainRun
+from nopelab.training.run import TrainRun
+from nopelab.training.task_config import Layout, LossMode, TaskConfig
+from nopelab.training.task_kinds import Task
+from nopelab.training.tasks import max_line_len, max_prompt_len
 
 TASKS: tuple[Task, ...] = ("add", "reverse", "order", "wherex")
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "rope")

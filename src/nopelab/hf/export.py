@@ -273,7 +273,7 @@ ids = tokenizer.encode("some text")
 
 NO_TOKENIZER_NOTE = """
 The run was trained on a synthetic task: token ids are `nopelab.training.tasks.encode(text)`
-(the id of a character is its index in `nopelab.training.tasks.VOCAB`).
+(the id of a character is its index in `nopelab.training.task_config.VOCAB`).
 """
 
 NOPE_GPT2_NOTE = """

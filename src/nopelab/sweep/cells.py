@@ -31,10 +31,13 @@ def run_cell(cell: Cell, folder: Path) -> list[dict[str, Any]]:
 
 
 def _train(cell: Cell, out: Path) -> dict[str, Any]:
-    from nopelab.training.train import TrainRun, train
+    from nopelab.training.run import TrainRun
+    from nopelab.training.train import train
 
     settings = {k: v for k, v in cell.settings.items() if k != "analysis"}
-    summary = train(TrainRun.from_dict(settings), out, progress=False, label=cell.key)
+    summary = train(
+        TrainRun.from_dict(settings), out, progress=False, label=cell.key, figures=False
+    )
     assert summary is not None
     return {
         **summary["final_eval"],

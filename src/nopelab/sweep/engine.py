@@ -20,8 +20,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from nopelab.errors import UserError
 from nopelab.runtime.rundir import (
     check_path,
@@ -40,6 +38,8 @@ LEFT_BEHIND = re.compile(r"\.([0-9a-f]{16})\.(?:lock|staging-[a-z0-9_]{8})")  # 
 
 def run_cell_job(cell: Cell, folder: Path) -> None:
     """One cell, as the runner runs it: its folder all-or-nothing, then its results file."""
+    import pandas as pd
+
     from nopelab.sweep.cells import run_cell
 
     with staged_run(folder, force=True, command="sweep-cell") as staging:

@@ -48,8 +48,8 @@ from nopelab.config import (
     check_sections,
 )
 from nopelab.errors import ConfigError, UserError
-from nopelab.training.tasks import TaskConfig
-from nopelab.training.train import data_vocab_size
+from nopelab.training.run import data_vocab_size
+from nopelab.training.task_config import TaskConfig
 
 SECTIONS: dict[str, type] = {
     "task": TaskConfig,
@@ -171,7 +171,7 @@ class Grid:
 def validate(cell: Cell) -> None:
     """Build the cell's settings into the config dataclasses (what the cell will run)."""
     from nopelab.config import RunConfig, build
-    from nopelab.training.train import TrainRun
+    from nopelab.training.run import TrainRun
 
     s = cell.settings
     if cell.command in ("train", "train+analyze"):

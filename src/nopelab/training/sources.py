@@ -23,6 +23,7 @@ from nopelab.config import CorpusConfig, ModelConfig
 from nopelab.errors import ConfigError
 from nopelab.training import tasks
 from nopelab.training.corpus import TokenStream, load_text, split_text
+from nopelab.training.task_config import VOCAB, TaskConfig
 from nopelab.training.tokenizer import Tokenizer, get_tokenizer, tokenizer_from_json
 
 IGNORE = tasks.IGNORE  # targets without loss
@@ -64,9 +65,9 @@ class TaskSource:
     """A synthetic task: training rows in the task's layout, exact-match accuracy on the
     disjoint test set (prompts left-padded as in training for the ``padded`` layout)."""
 
-    vocab_size = len(tasks.VOCAB)
+    vocab_size = len(VOCAB)
 
-    def __init__(self, cfg: tasks.TaskConfig, seed: int, eval_samples: int):
+    def __init__(self, cfg: TaskConfig, seed: int, eval_samples: int):
         self.cfg = cfg
         self.train, self.test = tasks.make_splits(cfg, seed)
         digest = hashlib.sha256()

@@ -42,14 +42,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from nopelab.config import (
-    CorpusConfig,
-    ModelConfig,
     TrainConfig,
-    build,
-    check_sections,
     first_difference,
 )
-from nopelab.errors import ConfigError, RunFailed, UserError, first_line
+from nopelab.errors import RunFailed, UserError, first_line
 from nopelab.limits import check_training
 from nopelab.models.transformer import Transformer
 from nopelab.plots import training_curves
@@ -74,127 +70,8 @@ from nopelab.training.checkpoint import (
     read_state,
     save_checkpoint,
 )
+from nopelab.training.run import CONFIG_FILE, TrainRun, read_run, world_size
 from nopelab.training.sources import IGNORE, Source, TaskSource, TextSource, load_tokenizer
-from nopelab.training.tasks import TaskConfig
-
-CONFIG_FILE = "config.json"
-
-
-@dataclass(frozen=True)
-class TrainRun:
-    """Everything that defines a training run: what ``config.json`` holds."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    task: TaskConfig | None = None
-    corpus: CorpusConfig | None = None
-
-    def __post_init__(self) -> None:
-        if (self.task is None) == (self.corpus is None):
-            raise ConfigError("data", "give exactly one of a task (--task) and a corpus (--corpus)")
-        if self.train.stop_at is not None and self.task is None:
-            raise ConfigError("stop_at", "stops a task run at an accuracy; a corpus has none")
-        if self.train.batch_size % world_size():
-            raise ConfigError(
-                "batch_size",
-                f"{self.train.batch_size} does not split evenly over {world_size()} processes",
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {"model": dataclasses.asdict(self.model), "train": dataclasses.asdict(self.train)}
-        if self.task is not None:
-            data["task"] = dataclasses.asdict(self.task)
-        if self.corpus is not None:
-            data["corpus"] = dataclasses.asdict(self.corpus)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "config") -> TrainRun:
-        written = {"environment", "data"}  # written with the run, not settings
-        sections = ("model", "train", "task", "corpus")
-        check_sections({k: v for k, v in data.items() if k not in written}, sections, where)
-        return cls(
-            model=build(ModelConfig, data.get("model", {}), f"{where}.model"),
-            train=build(TrainConfig, data.get("train", {}), f"{where}.train"),
-            task=build(TaskConfig, data["task"], f"{where}.task") if "task" in data else None,
-            corpus=build(CorpusConfig, data["corpus"], f"{where}.corpus")
-            if "corpus" in data
-            else None,
-        )
-
-
-def assemble_run(
-    data: dict[str, Any], typed: dict[str, dict[str, Any]], resume: bool = False
-) -> TrainRun:
-    """A run's settings: ``data``'s tables (a config file's, or a resumed run's config) with
-    what the user typed laid over them, section by section (``typed``: field values by
-    section); what the data imply fills the rest: the model's ``vocab_size`` and, for a padded
-    task, ``seq_len`` (its longest line). Errors name the (section, field) the user set."""
-    data = dict(data)
-    task, corpus = typed.get("task", {}), typed.get("corpus", {})
-    if "name" in task:  # a task or a corpus picks what to train on
-        data.setdefault("task", {})
-    if "source" in corpus:
-        data.setdefault("corpus", {})
-    if not resume and "task" not in data and "corpus" not in data:
-        raise UserError(
-            "--task or --corpus: say what to train on (e.g. --task add or --corpus default)"
-        )
-
-    def lay_over(section: str) -> dict[str, Any]:
-        table = data.setdefault(section, {})
-        if not isinstance(table, dict):
-            raise UserError(f"--config: [{section}] must be a table of settings")
-        data[section] = {**table, **typed.get(section, {})}
-        return data[section]
-
-    for section, other in (("task", "corpus"), ("corpus", "task")):
-        if section in data:
-            lay_over(section)
-        elif typed.get(section):
-            raise ConfigError(
-                next(iter(typed[section])),
-                f"only applies when training on a {section}, not a {other}",
-                section=section,
-            )
-    model = lay_over("model")
-    if not resume and "vocab_size" not in model:
-        if "corpus" in data:  # its own errors first: the vocabulary is derived from it
-            build(CorpusConfig, data["corpus"], "config.corpus")
-        model["vocab_size"] = data_vocab_size(data)
-    train = lay_over("train")
-    padded = isinstance(data.get("task"), dict) and data["task"].get("layout") == "padded"
-    if not resume and padded and "seq_len" not in train:
-        from nopelab.training.tasks import max_line_len
-
-        # one line per row: a longer context would only add padding
-        train["seq_len"] = max_line_len(build(TaskConfig, data["task"], "config.task"))
-    return TrainRun.from_dict(data)
-
-
-def data_vocab_size(settings: dict[str, Any]) -> int:
-    """The vocabulary the data of a run's settings implies: the task characters, 256 bytes, or
-    the BPE's size (what the model's ``vocab_size`` is when not given)."""
-    from nopelab.training.tasks import VOCAB
-
-    if "task" in settings:
-        return len(VOCAB)
-    corpus = settings.get("corpus", {})
-    return int(corpus.get("bpe_vocab", 4096)) if corpus.get("tokenizer") == "bpe" else 256
-
-
-def read_run(out: Path) -> TrainRun:
-    """The configuration of a training run directory."""
-    path = out / CONFIG_FILE
-    if not path.is_file():
-        raise UserError(f"run: {out} has no {CONFIG_FILE}; is it a training run directory?")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        raise UserError(f"run: {path} is not valid JSON") from None
-    if not isinstance(data, dict) or "train" not in data:
-        raise UserError(f"run: {path} is not the config of a training run")
-    return TrainRun.from_dict(data, where=str(path))
 
 
 def make_source(run: TrainRun, out: Path | None = None) -> Source:
@@ -211,10 +88,6 @@ def make_source(run: TrainRun, out: Path | None = None) -> Source:
 
 
 # ------------------------------------------------------------------------ processes
-
-
-def world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def rank() -> int:
@@ -398,6 +271,7 @@ def train(
     stop_after: int | None = None,
     tensorboard: bool = False,
     label: str = "train",
+    figures: bool = True,
 ) -> dict[str, Any] | None:
     """Train, checkpointing into ``out``; returns the summary (None when stopped early).
 
@@ -406,7 +280,7 @@ def train(
     created). ``stop_after`` ends the run after that many steps without finishing it, as an
     interruption would (used to test resuming). ``tensorboard`` mirrors the logs to
     ``out/tensorboard``. ``label`` names the run in progress output (a bar on a terminal, else a
-    line per evaluation).
+    line per evaluation). ``figures=False`` skips ``training.png`` (a sweep's cells).
     """
     check_training(run.model, run.train.batch_size, run.train.seq_len)
     check_path(out)
@@ -463,8 +337,9 @@ def train(
                 placed = True
             _barrier()
             return _train(
-                run, out, source, device, resume, progress, stop_after, summary_writer, label
-            )
+                run, out, source, device, resume, progress, stop_after, summary_writer, label,
+                figures,
+            )  # fmt: skip
     except BaseException:
         if placed and not (out / STATE_FILE).is_file():  # no checkpoint yet: nothing to keep
             shutil.rmtree(out, ignore_errors=True)
@@ -533,11 +408,13 @@ def _train(
     stop_after: int | None,
     summary_writer: type | None,
     label: str,
+    figures: bool,
 ) -> dict[str, Any] | None:
     """The loop: steps, an evaluation every ``eval_every``, a checkpoint every
     ``checkpoint_every``, until ``steps``, ``stop_after`` or the ``stop_at`` target."""
     cfg = run.train
     trainer = Trainer.start(run, out, source, device, resume, summary_writer, label)
+    trainer.figures = figures
     start = trainer.start_step
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     final_eval: dict[str, float] = {}
@@ -596,6 +473,7 @@ class Trainer:
     segment_seconds: float = 0.0
     tokens: int = 0
     lines: bool = False  # progress as lines (not a terminal)
+    figures: bool = True  # draw training.png at the end
     last_line: float = field(default_factory=time.monotonic)
 
     @property
@@ -758,7 +636,8 @@ class Trainer:
             "device": str(self.device),
         }
         if self.main_process:
-            training_curves(self.metrics.read(), self.evals.read(), self.out / "training.png")
+            if self.figures:
+                training_curves(self.metrics.read(), self.evals.read(), self.out / "training.png")
             write_json(self.out / "summary.json", summary)
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -23,7 +23,7 @@ from nopelab.config import (
     choices_of,
 )
 from nopelab.errors import UserError
-from nopelab.training.tasks import TaskConfig
+from nopelab.training.task_config import TaskConfig
 
 CONFIGS = (
     ModelConfig, AnalysisConfig, HFConfig, TrainConfig, CorpusConfig, TaskConfig, ProbeConfig,

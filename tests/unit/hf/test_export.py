@@ -17,7 +17,8 @@ from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
 from nopelab.errors import ConfigError
 from nopelab.hf.export import export
 from nopelab.models.transformer import Transformer
-from nopelab.training.train import TrainRun, load_trained, train
+from nopelab.training.run import TrainRun
+from nopelab.training.train import load_trained, train
 
 ATOL = 1e-5
 VOCAB, T = 48, 16

@@ -34,8 +34,9 @@ from nopelab.probing.interventions import (
     write_interventions,
 )
 from nopelab.probing.probes import fit_probe, position_targets, sequence_splits, summarize
-from nopelab.training.tasks import TaskConfig
-from nopelab.training.train import TrainRun, train
+from nopelab.training.run import TrainRun
+from nopelab.training.task_config import TaskConfig
+from nopelab.training.train import train
 
 T, D = 12, 48
 PROBE = ProbeConfig(seeds=2, epochs=20)

@@ -23,8 +23,9 @@ from nopelab.probing.features import collect, feature_matrix, sorted_similaritie
 from nopelab.probing.pipeline import collect_for_probes, probe_model, vocab_halves
 from nopelab.probing.probes import fit_probe, position_targets, sequence_splits, summarize
 from nopelab.probing.signals import verdict
-from nopelab.training.tasks import TaskConfig
-from nopelab.training.train import TrainRun, train
+from nopelab.training.run import TrainRun
+from nopelab.training.task_config import TaskConfig
+from nopelab.training.train import train
 
 FAST = ProbeConfig(epochs=10, seeds=3)
 

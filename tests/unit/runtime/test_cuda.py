@@ -14,8 +14,9 @@ from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, TrainConfig
 from nopelab.measure.analysis import analyze_model
 from nopelab.models.transformer import build_model
 from nopelab.probing.probes import fit_probe, position_targets, sequence_splits
-from nopelab.training.tasks import TaskConfig
-from nopelab.training.train import TrainRun, train
+from nopelab.training.run import TrainRun
+from nopelab.training.task_config import TaskConfig
+from nopelab.training.train import train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -17,15 +17,10 @@ from nopelab.config import ModelConfig
 from nopelab.errors import ConfigError, UserError
 from nopelab.models.transformer import Transformer
 from nopelab.training import tasks
+from nopelab.training.task_config import LAYOUTS, LOSS_MODES, TASKS, VOCAB, ZUO_TASKS, TaskConfig
 from nopelab.training.task_kinds import TASK_KINDS
 from nopelab.training.tasks import (
-    LAYOUTS,
-    LOSS_MODES,
-    TASKS,
-    VOCAB,
-    ZUO_TASKS,
     Example,
-    TaskConfig,
     accuracy,
     decode,
     encode,
