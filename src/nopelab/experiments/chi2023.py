@@ -22,7 +22,7 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, RunConfig, Site
-from nopelab.experiments.scale_files import read_scales
+from nopelab.experiments.scale_files import RandomInitScale, read_scales
 from nopelab.measure import theory
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.capture import CaptureResult
@@ -42,13 +42,7 @@ class ProbeScale(TypedDict):
     epochs: int
 
 
-class Scale(TypedDict):
-    d_model: int
-    n_heads: int
-    n_layers: int
-    seq_len: int
-    samples: int
-    batch_size: int
+class Scale(RandomInitScale):
     probe: ProbeScale
 
 

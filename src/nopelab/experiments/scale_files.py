@@ -10,7 +10,18 @@ from __future__ import annotations
 import dataclasses
 import tomllib
 from importlib import resources
-from typing import Any, get_type_hints
+from typing import Any, TypedDict, get_type_hints
+
+
+class RandomInitScale(TypedDict):
+    """A random-init model's shape and the analysis' inputs (chi2023, zuo2025 random-init)."""
+
+    d_model: int
+    n_heads: int
+    n_layers: int
+    seq_len: int
+    samples: int
+    batch_size: int
 
 
 def read_scales(part: str, schema: type) -> dict[str, dict[str, Any]]:

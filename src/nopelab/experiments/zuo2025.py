@@ -14,13 +14,13 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, cast
 
 import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig, Init, ModelConfig, RunConfig, Site
-from nopelab.experiments.scale_files import read_scales
+from nopelab.experiments.scale_files import RandomInitScale, read_scales
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.run_files import read_analysis, write_analysis
 from nopelab.models.transformer import build_model
@@ -29,17 +29,7 @@ from nopelab.runtime.rundir import write_json
 from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
 
-
-class Scale(TypedDict):
-    d_model: int
-    n_heads: int
-    n_layers: int
-    seq_len: int
-    samples: int
-    batch_size: int
-
-
-SCALES = cast(dict[str, Scale], read_scales("zuo2025", Scale))
+SCALES = cast(dict[str, RandomInitScale], read_scales("zuo2025", RandomInitScale))
 SITES: tuple[Site, ...] = ("attn_out", "resid_post")
 VARIANTS: dict[str, dict[str, Any]] = {  # name -> the ModelConfig fields that differ
     "causal-nope": dict(pos_encoding="none"),
