@@ -72,15 +72,38 @@ def _run() -> None:
             typer.echo(f"nopelab: error: {message}", err=True)
         sys.exit(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt:
-        _mark_handled()
-        typer.echo(INTERRUPTED, err=True)
-        sys.exit(130)
+        _exit_interrupted()
     except OSError as exc:
+        if _interrupted(exc):
+            _exit_interrupted()
         if not is_disk_full(exc):
             raise
         where = f" while writing {exc.filename}" if exc.filename else ""
         typer.echo(f"nopelab: error: {exc.strerror}{where}; nothing half-written is kept", err=True)
         sys.exit(1)
+    except Exception as exc:
+        if not _interrupted(exc):
+            raise
+        _exit_interrupted()
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether an error stems from an interrupt: Python wraps a KeyboardInterrupt raised while a
+    class is created (a module being imported) in a RuntimeError."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _exit_interrupted() -> None:
+    _mark_handled()
+    typer.echo(INTERRUPTED, err=True)
+    sys.exit(130)
 
 
 _HANDLED = threading.Event()  # an interrupt was reported: the process is on its way out

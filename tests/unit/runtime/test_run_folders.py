@@ -232,6 +232,26 @@ def _wait_for(condition, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
+def test_an_interrupt_wrapped_by_python_is_still_an_interrupt(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """A signal that lands while a module is imported (a class being created) reaches the
+    command as a RuntimeError caused by KeyboardInterrupt: it is an interrupt all the same."""
+
+    def interrupted_import(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance") from exc
+
+    monkeypatch.setattr("nopelab.measure.analysis.analyze_model", interrupted_import)
+    out = tmp_path / "run"
+    assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "nopelab: interrupted; nothing was written", err
+    assert "Traceback" not in err and not out.exists()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_analysis_leaves_nothing(signum, tmp_path) -> None:
     out = tmp_path / "made" / "run"
