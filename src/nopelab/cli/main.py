@@ -73,18 +73,14 @@ def _run() -> None:
         sys.exit(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt:
         _exit_interrupted()
-    except OSError as exc:
+    except Exception as exc:
         if _interrupted(exc):
             _exit_interrupted()
-        if not is_disk_full(exc):
+        if not (isinstance(exc, OSError) and is_disk_full(exc)):
             raise
         where = f" while writing {exc.filename}" if exc.filename else ""
         typer.echo(f"nopelab: error: {exc.strerror}{where}; nothing half-written is kept", err=True)
         sys.exit(1)
-    except Exception as exc:
-        if not _interrupted(exc):
-            raise
-        _exit_interrupted()
 
 
 def _interrupted(exc: BaseException) -> bool:
