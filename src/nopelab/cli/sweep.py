@@ -1,4 +1,4 @@
-"""``nopelab sweep GRID.toml``: a grid of runs as Ray tasks, resumable, into one results table."""
+"""``nopelab sweep GRID.toml``: a grid of runs side by side, resumable, into one results table."""
 
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ def sweep(
     address: Annotated[
         str | None,
         typer.Option(
-            help="Join the Ray cluster at HOST:PORT (or auto) \\[a local one-machine cluster]"
+            help="Run the cells on the Ray cluster at HOST:PORT (or auto) \\[worker processes here]"
         ),
     ] = None,
 ) -> None:
-    """Run every cell of a grid as a Ray task; finished cells are skipped on a re-run, their rows
+    """Run every cell of a grid, side by side; finished cells are skipped on a re-run, their rows
     gathered in OUT/results (pandas.read_parquet reads it)."""
     from nopelab.sweep.engine import run_sweep
     from nopelab.sweep.grid import read_grid

@@ -1,1 +1,1 @@
-"""Experiment grids on Ray: grid files, what a cell runs, and the engine."""
+"""Experiment grids: grid files, what a cell runs, the engine, and the job runner under it."""

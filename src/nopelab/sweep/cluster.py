@@ -1,9 +1,11 @@
-"""Start (or join) the Ray cluster that sweeps and reproductions run their tasks on."""
+"""Where jobs run besides this process: worker processes started here, or a Ray cluster."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
+import sys
 
 
 def start_ray(
@@ -31,13 +33,37 @@ def start_ray(
         signal.signal(signal.SIGTERM, on_sigterm)
 
 
+def start_worker(threads: int, quiet: bool) -> None:
+    """Set up a worker process of :func:`~nopelab.sweep.runner.run_jobs`'s pool: ``threads``
+    threads, its output dropped when ``quiet``, Ctrl-C left to the process that started it
+    (which stops the workers), and no life beyond that process's."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform == "linux":  # killed with its parent, however the parent ends
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if quiet:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+    worker_threads(threads)
+    # The worker's results are sent by the time the interpreter exits; tearing it down (torch's
+    # and numba's thread pools, every module) takes seconds that nobody waits for.
+    atexit.register(os._exit, 0)
+
+
 def worker_threads(threads: int) -> None:
-    """Torch and numba on ``threads`` threads in a task's worker, memory kept as the CLI does."""
-    import numba
+    """Torch and numba on ``threads`` threads in a job's worker, memory kept as the CLI does."""
     import torch
 
     from nopelab.runtime.allocator import keep_freed_memory
 
     keep_freed_memory()
     torch.set_num_threads(threads)
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+    if "numba" in sys.modules:
+        import numba
+
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+    else:  # read when numba is imported, if a job needs it
+        os.environ["NUMBA_NUM_THREADS"] = str(threads)

@@ -1,4 +1,4 @@
-"""Run a grid's cells through the job runner: in parallel on Ray, resumable, one results table.
+"""Run a grid's cells through the job runner: side by side, resumable, one results table.
 
 The sweep folder holds ``grid.json`` (the grid it was started with), ``cells/KEY/`` (each cell's
 files, written all-or-nothing, and :data:`~nopelab.sweep.runner.DONE` once the cell finished),
@@ -111,7 +111,8 @@ def _jsonable_grid(grid: Grid) -> dict[str, Any]:
 
 
 def run_sweep(grid: Grid, out: Path, address: str | None = None) -> dict[str, int]:
-    """Run every unfinished cell of ``grid`` into ``out`` on Ray; return counts of cells
+    """Run every unfinished cell of ``grid`` into ``out`` (on the Ray cluster at ``address``,
+    if given); return counts of cells
     ``done`` (this time and before), ``failed`` and ``skipped`` (finished before)."""
     cells = grid.cells()
     if address is not None:

@@ -4,12 +4,13 @@ Each :class:`Job` writes into its own folder ``ROOT/KEY`` and is finished when t
 :data:`DONE`, written after the job returned. Running the same jobs again skips the finished ones
 and runs the others again (a training job continues from its last checkpoint).
 
-:func:`run_jobs` runs the unfinished jobs as Ray tasks side by side, each on its share of CPUs
-and torch threads (on a CPU, small models train and analyse faster side by side than one after
-another with every thread; the numbers do not depend on how many run at once), on a local
-cluster or the one at ``address``; or, with one worker and no address, in this process, one
-after another. A failing job stops the run (a reproduction), or, with ``keep_going``, is
-recorded in ``failed/KEY.txt`` beside ``ROOT`` while the others go on (a sweep).
+:func:`run_jobs` runs the unfinished jobs side by side, each on its share of CPUs and torch
+threads (on a CPU, small models train and analyse faster side by side than one after another
+with every thread; the numbers do not depend on how many run at once): in a pool of worker
+processes on this machine, or as Ray tasks where Ray is needed (a cluster at ``address``, or
+jobs that take a share of a GPU); or, with one worker and no address, in this process, one after
+another. A failing job stops the run (a reproduction), or, with ``keep_going``, is recorded in
+``failed/KEY.txt`` beside ``ROOT`` while the others go on (a sweep).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from nopelab.errors import RunFailed, UserError, first_line
 from nopelab.runtime.progress import progress_bar, say
 from nopelab.runtime.rundir import replace_atomically
-from nopelab.sweep.cluster import start_ray, worker_threads
+from nopelab.sweep.cluster import start_ray, start_worker, worker_threads
 
 DONE = "done.json"  # in ROOT/KEY when the job has finished
 
@@ -33,7 +34,7 @@ DONE = "done.json"  # in ROOT/KEY when the job has finished
 @dataclass(frozen=True)
 class Job:
     """``fn(*args, folder)`` writes the job's files into ``folder`` (``ROOT/KEY``); ``fn`` is a
-    module-level function, so that a Ray worker can import it."""
+    module-level function, so that a worker process can import it."""
 
     key: str
     fn: Callable[..., Any]
@@ -42,7 +43,7 @@ class Job:
 
 @dataclass(frozen=True)
 class Share:
-    """What each job gets on Ray: CPUs and GPUs it reserves, torch threads it uses."""
+    """What each job gets: CPUs and GPUs it reserves, torch threads it uses."""
 
     cpus: float = 1.0
     gpus: float = 0.0
@@ -109,6 +110,11 @@ def run_jobs(
                 if error is None:
                     bar.advance(shown)
         return counts
+    if address is None and share.gpus == 0:
+        cpus = len(os.sched_getaffinity(0))
+        lanes = workers or max(1, int(cpus // share.cpus))
+        _on_processes(todo, root, min(lanes, len(todo)), share, keep_going, progress)
+        return counts
     start_ray(address, num_cpus=workers, worker_output=not keep_going)
     try:
         _on_ray(todo, root, share, keep_going, progress)
@@ -120,8 +126,8 @@ def run_jobs(
 
 
 def _run(job: Job, root: Path, threads: int | None, keep_going: bool) -> str | None:
-    """Run one job (in a Ray worker: on ``threads`` threads); with ``keep_going`` its error is
-    recorded and returned rather than raised."""
+    """Run one job (in a Ray worker: on ``threads`` threads; a pool's workers set theirs when
+    they start); with ``keep_going`` its error is recorded and returned rather than raised."""
     if threads is not None:
         worker_threads(threads)
     failed = root.parent / "failed" / f"{job.key}.txt"
@@ -159,6 +165,51 @@ class _Progress:
                 f"{self.title}: {key} {what} ({self.counts['done']}/{self.total} done, "
                 f"{self.counts['failed']} failed; {time.perf_counter() - self.start:.0f} s)"
             )
+
+
+def _on_processes(
+    todo: list[Job], root: Path, lanes: int, share: Share, keep_going: bool, progress: _Progress
+) -> None:
+    """The jobs in a pool of ``lanes`` worker processes, each a fresh interpreter that imports
+    only what its jobs need; stopping (an error, an interrupt) kills the jobs still running."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    pool = ProcessPoolExecutor(
+        lanes,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=start_worker,
+        initargs=(share.threads, keep_going),
+    )
+    try:
+        pending = {pool.submit(_run, job, root, None, keep_going): job for job in todo}
+        with progress_bar(transient=False) as bar:
+            progress.bar = bar
+            shown = bar.add_task(
+                progress.title, total=progress.total, completed=progress.counts["done"]
+            )
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    job = pending.pop(future)
+                    try:
+                        error = future.result()
+                    except BrokenProcessPool:
+                        raise RunFailed(
+                            f"{progress.title}: a worker process died while running {job.key} "
+                            "(out of memory?); run the same command again to continue"
+                        ) from None
+                    progress.finished(job.key, error)
+                    if error is None:
+                        bar.advance(shown)
+    except BaseException:
+        # the pool's own processes (the executor keeps no public list): what Ray's shutdown does
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.kill()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _on_ray(
