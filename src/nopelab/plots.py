@@ -491,3 +491,68 @@ def steps_to_mastery(
     axes[0][0].set_ylabel(f"steps to accuracy ≥ {stop_at:g}")
     fig.suptitle("Steps to mastery (dots: seeds; x: not reached within the cap)")
     _save(fig, path)
+
+
+def perplexity_by_size(
+    ours: pd.DataFrame, published: pd.DataFrame, labels: dict[str, str], path: Path
+) -> None:
+    """Perplexity against parameters, ours (seeds' spread as error bars) beside the published
+    table, and each encoding's gap to NoPE in % of NoPE's perplexity, ours solid, theirs dashed."""
+    fig, axes = _pyplot().subplots(1, 3, figsize=(13.5, 3.8), layout="constrained")
+    colours = {pe: f"C{i}" for i, pe in enumerate(labels)}
+    for pe, rows in ours.groupby("pos_encoding", sort=False):
+        axes[0].errorbar(
+            rows["parameters"], rows["perplexity"], yerr=rows["perplexity_std"],
+            marker="o", ms=4, capsize=3, color=colours[pe], label=labels[pe],
+        )  # fmt: skip
+    for pe, rows in published.groupby("pos_encoding", sort=False):
+        axes[1].plot(
+            rows["parameters"], rows["perplexity"], marker="s", ms=4, color=colours[pe],
+            label=labels[pe],
+        )  # fmt: skip
+    nope = ours[ours["pos_encoding"] == "none"].set_index("size")["perplexity"]
+    for pe, rows in ours[ours["pos_encoding"] != "none"].groupby("pos_encoding", sort=False):
+        gap = 100 * (rows["perplexity"].to_numpy() / nope.loc[rows["size"]].to_numpy() - 1)
+        axes[2].plot(rows["parameters"], gap, marker="o", ms=4, color=colours[pe], label=labels[pe])
+    theirs = published[published["pos_encoding"] != "none"]
+    for pe, rows in theirs.groupby("pos_encoding", sort=False):
+        axes[2].plot(rows["parameters"], rows["gap_percent"], ls="--", marker="s", ms=3,
+                     color=colours[pe])  # fmt: skip
+    axes[0].set(title="ours: held-out perplexity per byte", ylabel="perplexity")
+    axes[1].set(title="Haviv et al. Table 2: the Pile, per token")
+    axes[2].set(title="gap to NoPE: ours (solid), theirs (dashed)")
+    axes[2].set_ylabel("(encoding − NoPE) / NoPE, %")
+    axes[2].axhline(0, color="grey", lw=0.8)
+    for ax in axes:
+        ax.set(xscale="log", xlabel="parameters")
+        _plain_log_labels(ax.xaxis)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def learning_curves_by_size(curves: pd.DataFrame, labels: dict[str, str], path: Path) -> None:
+    """Held-out loss against tokens seen: a panel per size, a line per encoding (and seed)."""
+    sizes = sorted(curves["size"].unique())
+    fig, axes = _pyplot().subplots(
+        1, len(sizes), figsize=(3.8 * len(sizes), 3.4), squeeze=False, layout="constrained"
+    )
+    colours = {pe: f"C{i}" for i, pe in enumerate(labels)}
+    for ax, size in zip(axes[0], sizes, strict=True):
+        rows = curves[curves["size"] == size]
+        for (pe, seed), line in rows.groupby(["pos_encoding", "seed"], sort=False):
+            first = seed == rows["seed"].min()
+            ax.plot(
+                line["tokens"], line["loss"], color=colours[pe], lw=1.2, alpha=0.85,
+                label=labels[pe] if first else None,
+            )  # fmt: skip
+        ax.set(
+            xscale="log",
+            xlabel="tokens seen",
+            title=f"{rows['parameters'].iloc[0] / 1e3:.0f} k parameters",
+        )
+        _plain_log_labels(ax.xaxis)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel("held-out loss (nats per byte)")
+    axes[0][0].legend(fontsize=8)
+    _save(fig, path)

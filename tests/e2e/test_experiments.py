@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -399,3 +400,51 @@ def test_train_into_runs_a_curriculum_stage_by_stage(tmp_path: Path) -> None:
     written = {p: p.stat().st_mtime_ns for p in (stage / "summary.json", folder / "summary.json")}
     assert train_into(final, folder, stages=(first,)) == summary
     assert {p: p.stat().st_mtime_ns for p in written} == written
+
+
+@pytest.mark.slow
+def test_haviv2022_sizes_smoke_and_its_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "sizes"
+    reproduce(["haviv2022", "--part", "sizes", "--out", str(out)], monkeypatch)
+    models = pd.read_parquet(out / "models.parquet")
+    assert len(models) == 2 * 5  # two sizes, five encodings, one seed
+    for _, row in models.iterrows():  # the size's NoPE parameters, counted on a real model
+        cfg = ModelConfig(d_model=row["d_model"], n_layers=row["n_layers"], n_heads=2)
+        built = Transformer(dataclasses.replace(cfg, vocab_size=256, max_seq_len=128))
+        assert row["parameters"] == sum(p.numel() for p in built.parameters())
+        # the budget: max(0.5 x parameters, 4096) tokens, rounded up to whole steps of 8 x 32
+        budget = max(0.5 * row["parameters"], 4096)
+        assert budget <= row["tokens"] < budget + 256 and row["tokens"] % 256 == 0
+    assert (models["perplexity"] < 256).all()  # better than the uniform byte model
+    gaps = pd.read_parquet(out / "gaps.parquet")
+    nope = models[models["pos_encoding"] == "none"].set_index("size")["perplexity"]
+    for _, row in gaps.iterrows():
+        mine = models[
+            (models["size"] == row["size"]) & (models["pos_encoding"] == row["pos_encoding"])
+        ]
+        want = 100 * (mine["perplexity"].iloc[0] / nope[row["size"]] - 1)
+        assert row["gap_percent"] == pytest.approx(want)
+    summary = json.loads((out / "summary.json").read_text())
+    alibi = [r for r in summary["published"] if r["pos_encoding"] == "alibi"]
+    assert alibi[0]["gap_percent"] == pytest.approx(100 * (19.94 / 22.15 - 1))
+    assert set(summary["verdict"]["gap_with_size"]) == {"learned", "sinusoidal", "rope", "alibi"}
+    text = (out / "summary.md").read_text()
+    assert "Haviv et al., Table 2" in text and "| RoPE |" in text and "one seed" in text
+    for name in ("sizes.png", "curves.png"):
+        assert (out / name).stat().st_size > 0
+
+    # interrupted after some models: --resume trains only the others, to the same numbers
+    kept = {p.name: (p / "summary.json").stat().st_mtime_ns for p in (out / "runs").iterdir()}
+    for name in ("size2-rope-seed0", "size2-alibi-seed0"):
+        shutil.rmtree(out / "runs" / name)
+        del kept[name]
+    for name in ("models.parquet", "summary.json", "summary.md"):
+        (out / name).unlink()
+    reproduce(["haviv2022", "--part", "sizes", "--out", str(out), "--resume"], monkeypatch)
+    for name, mtime in kept.items():
+        assert (out / "runs" / name / "summary.json").stat().st_mtime_ns == mtime
+    again = pd.read_parquet(out / "models.parquet")
+    timing = ["train_seconds"]
+    pd.testing.assert_frame_equal(again.drop(columns=timing), models.drop(columns=timing))

@@ -22,14 +22,16 @@ def reproduce(
         typer.Option(
             help="chi2023: random-init | pretrained; zuo2025: random-init | trained | probes | "
             "mastery (the trained part's models at three seeds, steps to mastery); "
-            "haviv2022: pretrained; real-model: smollm2"
+            "haviv2022: pretrained | sizes (five encodings at three sizes, the gap to NoPE); "
+            "real-model: smollm2"
         ),
     ] = None,
     scale: Annotated[
         str,
         typer.Option(
             help="smoke | small | medium (zuo2025 trained and probes: Zuo's task lengths, "
-            "~2.5 h on 2 CPU cores) | paper (full sizes, GPU advised)"
+            "~2.5 h on 2 CPU cores; haviv2022 sizes: three seeds) | paper (full sizes, GPU "
+            "advised)"
         ),
     ] = "small",
     seed: Annotated[int, typer.Option(help="Seed for weights and inputs")] = 0,

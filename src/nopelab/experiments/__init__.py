@@ -11,6 +11,7 @@ from nopelab.experiments import (
     chi2023,
     chi2023_pretrained,
     haviv2022,
+    haviv2022_sizes,
     real_model,
     zuo2025,
     zuo2025_mastery,
@@ -74,7 +75,15 @@ EXPERIMENTS = {
         "random-init",
     ),
     "haviv2022": Experiment(
-        {"pretrained": Part(haviv2022.settings, haviv2022.run, resumable=True)},
+        {
+            "pretrained": Part(haviv2022.settings, haviv2022.run, resumable=True),
+            "sizes": Part(
+                haviv2022_sizes.settings,
+                haviv2022_sizes.run,
+                resumable=True,
+                scales=("smoke", "small", "medium"),
+            ),
+        },
         "pretrained",
     ),
     "real-model": Experiment(

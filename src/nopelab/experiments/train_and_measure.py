@@ -43,17 +43,19 @@ def lm_runs(
     train_cfg: dict[str, Any],
     seed: int,
     device: str,
+    evaluations: int = 4,
 ) -> dict[str, TrainRun]:
     """Byte-level language models on the embedded corpus, one per encoding, keyed by it.
 
-    ``model`` and ``train_cfg`` hold a scale's ModelConfig and TrainConfig fields. Every model
-    can take 4x the training length, so each is evaluated there too; a learned table's rows
-    beyond the training length are never trained.
+    ``model`` and ``train_cfg`` hold a scale's ModelConfig and TrainConfig fields; each model is
+    evaluated ``evaluations`` times along training. Every model can take 4x the training
+    length, so each is evaluated there too; a learned table's rows beyond the training length
+    are never trained.
     """
     steps, seq_len = train_cfg["steps"], train_cfg["seq_len"]
     cfg = TrainConfig(
         **train_cfg,
-        eval_every=max(1, steps // 4),
+        eval_every=max(1, steps // evaluations),
         checkpoint_every=steps,
         seed=seed,
         device=device,

@@ -23,6 +23,11 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def rank() -> int:
+    """This process's number in a torchrun launch (0 without torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 CONFIG_FILE = "config.json"
 
 

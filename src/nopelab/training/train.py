@@ -70,7 +70,7 @@ from nopelab.training.checkpoint import (
     read_state,
     save_checkpoint,
 )
-from nopelab.training.run import CONFIG_FILE, TrainRun, read_run, world_size
+from nopelab.training.run import CONFIG_FILE, TrainRun, rank, read_run, world_size
 from nopelab.training.sources import IGNORE, Source, TaskSource, TextSource, load_tokenizer
 
 
@@ -88,10 +88,6 @@ def make_source(run: TrainRun, out: Path | None = None) -> Source:
 
 
 # ------------------------------------------------------------------------ processes
-
-
-def rank() -> int:
-    return int(os.environ.get("RANK", "0"))
 
 
 def _setup_processes(device_name: str) -> torch.device:
@@ -413,8 +409,7 @@ def _train(
     """The loop: steps, an evaluation every ``eval_every``, a checkpoint every
     ``checkpoint_every``, until ``steps``, ``stop_after`` or the ``stop_at`` target."""
     cfg = run.train
-    trainer = Trainer.start(run, out, source, device, resume, summary_writer, label)
-    trainer.figures = figures
+    trainer = Trainer.start(run, out, source, device, resume, summary_writer, label, figures)
     start = trainer.start_step
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     final_eval: dict[str, float] = {}
@@ -490,8 +485,10 @@ class Trainer:
         resume: bool,
         summary_writer: type | None,
         label: str,
+        figures: bool = True,
     ) -> Trainer:
-        """Build the model (seeded), its optimiser, and the state a resumed run left."""
+        """Build the model (seeded), its optimiser, and the state a resumed run left;
+        ``figures``: draw training.png at the end."""
         cfg = run.train
         torch.manual_seed(cfg.seed)
         model = Transformer(run.model).to(device)
@@ -524,6 +521,7 @@ class Trainer:
             source=source,
             device=device,
             label=label,
+            figures=figures,
             model=model,
             train_model=train_model,
             optimizer=optimizer,

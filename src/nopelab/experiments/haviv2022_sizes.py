@@ -1,0 +1,363 @@
+"""Haviv et al. 2022's size trend: does NoPE's perplexity gap shrink as the models grow?
+
+Byte-level language models with five encodings (NoPE, a learned table, fixed sinusoids, RoPE,
+ALiBi) at several sizes, on the embedded corpus, all trained with one CPU recipe to a token
+budget set by their size: ``tokens_per_parameter`` tokens per parameter of the size's NoPE model
+(every encoding of a size sees the same tokens), and never fewer than ``min_tokens`` (the small
+models are still improving at 20 tokens per parameter). Each size and encoding is trained once
+per seed; the part reports held-out perplexity (per byte), its gap to NoPE, and the learning
+curves, beside Haviv et al.'s Table 2 (the Pile, 125 M to 1.3 B parameters, perplexity per token:
+only the relative gaps compare).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypedDict, cast
+
+import pandas as pd
+
+from nopelab import plots
+from nopelab.config import ModelConfig, PosEncoding
+from nopelab.errors import ConfigError
+from nopelab.experiments.scale_files import read_scales
+from nopelab.experiments.train_and_measure import lm_runs, train_into
+from nopelab.runtime.device import resolve_device
+from nopelab.runtime.rundir import write_json
+from nopelab.sweep.runner import Job, default_workers, run_jobs
+from nopelab.tables import markdown_table
+from nopelab.training.run import TrainRun
+
+POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "rope", "alibi")
+LABELS = {
+    "none": "NoPE",
+    "learned": "learned",
+    "sinusoidal": "sinusoidal",
+    "rope": "RoPE",
+    "alibi": "ALiBi",
+}
+
+# Haviv et al. 2022, Table 2: validation perplexity on the Pile (1024 tokens) by model size.
+PUBLISHED_SIZES = {"125M": 125e6, "350M": 350e6, "760M": 760e6, "1.3B": 1.3e9}
+PUBLISHED = {
+    "none": (22.15, 16.87, 14.29, 13.10),
+    "learned": (22.04, 16.84, 14.21, 13.05),
+    "sinusoidal": (21.49, 16.58, 14.04, 12.93),
+    "alibi": (19.94, 15.66, 13.53, 12.51),
+}
+
+
+EVALUATIONS = 12  # held-out evaluations along each model's training: its learning curve
+
+
+class Scale(TypedDict):
+    sizes: list[dict[str, int]]  # ModelConfig fields of each size, smallest first
+    tokens_per_parameter: float
+    min_tokens: int
+    seeds: int  # seeds per model: --seed, --seed + 1, ...
+    train: dict[str, Any]  # TrainConfig fields but steps (set by the token budget)
+
+
+SCALES = cast(dict[str, Scale], read_scales("haviv2022_sizes", Scale))
+
+
+@dataclass(frozen=True)
+class Model:
+    """One language model of the part: its size (index and parameters), encoding and seed."""
+
+    size: int
+    parameters: int  # of the size's NoPE model
+    pos_encoding: str
+    seed: int
+    run: TrainRun
+
+    @property
+    def key(self) -> str:
+        return f"size{self.size}-{self.pos_encoding}-seed{self.seed}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    models: list[Model]
+    workers: int  # models trained at once
+
+
+def parameter_count(model: ModelConfig) -> int:
+    """Parameters of ``model``, counted on PyTorch's meta device (nothing allocated)."""
+    import torch
+
+    from nopelab.models.transformer import Transformer
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in Transformer(model).parameters())
+
+
+def settings(scale: str, seed: int, device: str) -> Settings:
+    s = SCALES[scale]
+    resolve_device(device)
+    check_sizes(s["sizes"])
+    train = s["train"]
+    tokens_per_step = train["batch_size"] * train["seq_len"]
+    models = []
+    for index, size in enumerate(s["sizes"], 1):
+        nope = next(iter(lm_runs(("none",), size, {**train, "steps": 1}, seed, device).values()))
+        parameters = parameter_count(nope.model)
+        tokens = max(s["tokens_per_parameter"] * parameters, s["min_tokens"])
+        steps = math.ceil(tokens / tokens_per_step)
+        for offset in range(s["seeds"]):
+            budget = {**train, "steps": steps}
+            runs = lm_runs(POS_ENCODINGS, size, budget, seed + offset, device, EVALUATIONS)
+            models += [Model(index, parameters, pe, seed + offset, run) for pe, run in runs.items()]
+    return Settings(models, 1 if scale == "paper" else default_workers(device))
+
+
+def check_sizes(sizes: list[dict[str, int]]) -> None:
+    """At least one size, each larger than the one before (in width or depth)."""
+    if not sizes:
+        raise ConfigError("sizes", "give at least one model size")
+    shapes = [(size.get("d_model", 0), size.get("n_layers", 0)) for size in sizes]
+    for before, after in itertools.pairwise(shapes):
+        if not (after[0] >= before[0] and after[1] >= before[1] and after != before):
+            raise ConfigError("sizes", f"must grow from one size to the next, got {shapes}")
+
+
+def run(settings: Settings, out: Path) -> None:
+    jobs = [Job(m.key, train_into, (m.run,)) for m in settings.models]
+    run_jobs(jobs, out / "runs", "haviv2022 sizes", settings.workers, what="models")
+    rows, curves = [], []
+    corpus = corpus_tokens(settings.models[0].run)  # every model trains on the same text
+    for m in settings.models:
+        folder = out / "runs" / m.key
+        summary = json.loads((folder / "summary.json").read_text())
+        tokens = m.run.train.steps * m.run.train.batch_size * m.run.train.seq_len
+        labels = {
+            "size": m.size,
+            "parameters": m.parameters,
+            "pos_encoding": m.pos_encoding,
+            "seed": m.seed,
+        }
+        rows.append(
+            {
+                **labels,
+                "d_model": m.run.model.d_model,
+                "n_layers": m.run.model.n_layers,
+                "tokens": tokens,
+                "tokens_per_parameter": tokens / m.parameters,
+                "epochs": tokens / corpus,
+                "perplexity": summary["final_eval"]["perplexity"],
+                "loss": summary["final_eval"]["loss"],
+                "train_seconds": summary["train_seconds"],
+            }
+        )
+        evals = pd.read_csv(folder / "eval.csv")
+        tokens_per_step = m.run.train.batch_size * m.run.train.seq_len
+        curves += [
+            {**labels, "tokens": step * tokens_per_step, "loss": loss}
+            for step, loss in zip(evals["step"], evals["loss"], strict=True)
+        ]
+    models, curve = pd.DataFrame(rows), pd.DataFrame(curves)
+    table, gaps = size_table(models), gap_table(models)
+    for name, frame in [
+        ("models", models),
+        ("curves", curve),
+        ("perplexity", table),
+        ("gaps", gaps),
+    ]:
+        frame.to_parquet(out / f"{name}.parquet", index=False)
+    published = published_table()
+    plots.perplexity_by_size(table, published, LABELS, out / "sizes.png")
+    plots.learning_curves_by_size(curve, LABELS, out / "curves.png")
+    verdict = verdicts(gaps)
+    write_json(
+        out / "summary.json",
+        {
+            "perplexity": table.to_dict("records"),
+            "gaps": gaps.to_dict("records"),
+            "published": published.to_dict("records"),
+            "verdict": verdict,
+        },
+    )
+    (out / "summary.md").write_text(summary_text(models, table, gaps, published, verdict))
+
+
+def corpus_tokens(run: TrainRun) -> int:
+    """Training tokens in the corpus the run trains on (bytes of its training split)."""
+    from nopelab.training.corpus import load_text, split_text
+
+    corpus = run.corpus
+    assert corpus is not None  # a language model's run
+    train, _ = split_text(load_text(corpus.source, corpus.column), corpus.val_fraction)
+    return len(train.encode("utf-8"))
+
+
+def size_table(models: pd.DataFrame) -> pd.DataFrame:
+    """Perplexity per size and encoding: mean and standard deviation over seeds."""
+    grouped = models.groupby(["size", "parameters", "pos_encoding"], sort=False)
+    table = grouped.agg(
+        perplexity=("perplexity", "mean"),
+        perplexity_std=("perplexity", "std"),
+        seeds=("seed", "count"),
+        tokens_per_parameter=("tokens_per_parameter", "first"),
+        epochs=("epochs", "first"),
+    ).reset_index()
+    table["perplexity_std"] = table["perplexity_std"].fillna(0.0)
+    return table
+
+
+def gap_table(models: pd.DataFrame) -> pd.DataFrame:
+    """Each encoding's perplexity minus NoPE's of the same size and seed, in perplexity and as
+    a share of NoPE's: mean and standard deviation over seeds, per size."""
+    nope = models[models["pos_encoding"] == "none"].set_index(["size", "seed"])["perplexity"]
+    others = models[models["pos_encoding"] != "none"].copy()
+    base = nope.loc[list(zip(others["size"], others["seed"], strict=True))].to_numpy()
+    others["gap"] = others["perplexity"] - base
+    others["gap_percent"] = 100 * others["gap"] / base
+    grouped = others.groupby(["size", "parameters", "pos_encoding"], sort=False)
+    gaps = grouped.agg(
+        seeds=("seed", "count"),
+        gap=("gap", "mean"),
+        gap_std=("gap", "std"),
+        gap_percent=("gap_percent", "mean"),
+        gap_percent_std=("gap_percent", "std"),
+    ).reset_index()
+    gaps = gaps.fillna({"gap_std": 0.0, "gap_percent_std": 0.0})
+    order = gaps["pos_encoding"].map(POS_ENCODINGS.index)
+    return gaps.assign(order=order).sort_values(["order", "size"]).drop(columns="order")
+
+
+def published_table() -> pd.DataFrame:
+    """Haviv et al.'s Table 2 with each encoding's gap to NoPE (the Pile, perplexity per token)."""
+    rows = []
+    for pe, values in PUBLISHED.items():
+        for (name, parameters), value, nope in zip(
+            PUBLISHED_SIZES.items(), values, PUBLISHED["none"], strict=True
+        ):
+            rows.append(
+                {
+                    "size": name,
+                    "parameters": parameters,
+                    "pos_encoding": pe,
+                    "perplexity": value,
+                    "gap_percent": 100 * (value - nope) / nope,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def verdicts(gaps: pd.DataFrame) -> dict[str, Any]:
+    """Per encoding: whether its gap to NoPE (in % of NoPE's perplexity) is smaller in magnitude
+    at the largest size than at the smallest, by more than the seeds' spread; and NoPE against
+    the learned table at the largest size."""
+    first, last = gaps["size"].min(), gaps["size"].max()
+    shrinks = {}
+    for pe, rows in gaps.groupby("pos_encoding", sort=False):
+        small = rows[rows["size"] == first].iloc[0]
+        large = rows[rows["size"] == last].iloc[0]
+        margin = small["gap_percent_std"] + large["gap_percent_std"]
+        change = abs(small["gap_percent"]) - abs(large["gap_percent"])
+        shrinks[pe] = (
+            "shrinks" if change > margin else "grows" if change < -margin else "no clear change"
+        )
+    learned = gaps[(gaps["pos_encoding"] == "learned") & (gaps["size"] == last)].iloc[0]
+    return {
+        "seeds": int(gaps["seeds"].max()),
+        "gap_with_size": shrinks,
+        "learned_minus_nope_percent_at_largest": float(learned["gap_percent"]),
+        "learned_minus_nope_percent_std": float(learned["gap_percent_std"]),
+    }
+
+
+def _cell(mean: float, std: float, seeds: int, digits: int = 3) -> str:
+    return f"{mean:.{digits}f}" if seeds < 2 else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def summary_text(
+    models: pd.DataFrame,
+    table: pd.DataFrame,
+    gaps: pd.DataFrame,
+    published: pd.DataFrame,
+    verdict: dict[str, Any],
+) -> str:
+    """``summary.md``: perplexity per size and encoding, the gaps beside Haviv's, the verdict."""
+    seeds = int(table["seeds"].max())
+    ours = table.assign(
+        encoding=table["pos_encoding"].map(LABELS),
+        cell=[
+            _cell(m, s, seeds)
+            for m, s in zip(table["perplexity"], table["perplexity_std"], strict=True)
+        ],
+    ).pivot(index="encoding", columns="parameters", values="cell")
+    ours = ours.loc[[LABELS[pe] for pe in POS_ENCODINGS]]
+    ours.columns = [f"{p / 1e3:.0f} k" for p in ours.columns]
+    gap = gaps.assign(
+        encoding=gaps["pos_encoding"].map(LABELS),
+        cell=[
+            _cell(m, s, seeds, 1) + " %"
+            for m, s in zip(gaps["gap_percent"], gaps["gap_percent_std"], strict=True)
+        ],
+    ).pivot(index="encoding", columns="parameters", values="cell")
+    gap = gap.loc[[LABELS[pe] for pe in POS_ENCODINGS[1:]]]
+    gap.columns = [f"{p / 1e3:.0f} k" for p in gap.columns]
+    theirs = (
+        published[published["pos_encoding"] != "none"]
+        .assign(
+            encoding=lambda f: f["pos_encoding"].map(LABELS),
+            cell=lambda f: [f"{g:+.1f} %" for g in f["gap_percent"]],
+        )
+        .pivot(index="encoding", columns="size", values="cell")
+    )
+    theirs = theirs.loc[[LABELS[pe] for pe in PUBLISHED if pe != "none"], list(PUBLISHED_SIZES)]
+    budget = models.groupby("size").agg(
+        parameters=("parameters", "first"),
+        d_model=("d_model", "first"),
+        n_layers=("n_layers", "first"),
+        tokens=("tokens", "first"),
+        tokens_per_parameter=("tokens_per_parameter", "first"),
+        epochs=("epochs", "first"),
+    )
+    trend = ", ".join(f"{LABELS[pe]} {what}" for pe, what in verdict["gap_with_size"].items())
+    if seeds < 2:
+        trend += " (one seed: no spread to judge the changes against)"
+    learned = verdict["learned_minus_nope_percent_at_largest"]
+    spread = verdict["learned_minus_nope_percent_std"]
+    theirs_learned = published[published["pos_encoding"] == "learned"]["gap_percent"].abs()
+    return f"""# Haviv et al. 2022 — the gap to NoPE across model sizes
+
+Byte-level language models on the embedded corpus, one per size, encoding and seed
+({seeds} seed{"s" if seeds > 1 else ""}), trained with one recipe to a token budget set by the
+size. Perplexity is per byte on the held-out tail of the corpus.
+
+## Budget per size
+
+{markdown_table(budget.round(2).reset_index())}
+
+## Held-out perplexity per byte (mean ± std over seeds)
+
+{markdown_table(ours.reset_index())}
+
+## Gap to NoPE: (encoding − NoPE) / NoPE, same size and seed
+
+Ours:
+
+{markdown_table(gap.reset_index())}
+
+Haviv et al., Table 2 (the Pile, perplexity per token; NoPE 22.15, 16.87, 14.29, 13.10):
+
+{markdown_table(theirs.reset_index())}
+
+## Verdict
+
+From the smallest to the largest size, the magnitude of each encoding's gap to NoPE (beyond
+the seeds' spread): {trend}. At the largest size the learned table is {learned:+.1f} %
+(± {spread:.1f}) off NoPE's perplexity; Haviv et al. find NoPE within
+{theirs_learned.min():.1f}–{theirs_learned.max():.1f} % of it at every size.
+
+Figures: `sizes.png` (perplexity and gap against parameters, ours beside theirs),
+`curves.png` (held-out loss against tokens seen, one panel per size).
+Tables: `models.parquet` (one row per model), `perplexity.parquet`, `gaps.parquet`,
+`curves.parquet`.
+"""
