@@ -23,6 +23,7 @@ import pandas as pd
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, RunConfig, Site
 from nopelab.experiments.scale_files import RandomInitScale, read_scales
+from nopelab.experiments.summary_template import fill, shape_values
 from nopelab.measure import theory
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.capture import CaptureResult
@@ -209,58 +210,33 @@ def summary_text(
 ) -> str:
     """``summary.md``: the theory table, the per-layer decay, the probes, layer 1's attention."""
     cfg, m = settings.cfg, settings.cfg.model
-    logit_measured = float(attention.logit_variance[1:].mean())
     entropy_ratio = attention.entropy[1:] / attention.uniform_entropy[1:]
     T = cfg.analysis.seq_len
     pa, p = settings.probe_analysis, settings.probe
-    return f"""# Chi et al. 2023 — random-init NoPE: attention output variance against position
-
-Model: pre-LN, no positional encoding, causal, d = {m.d_model}, {m.n_heads} heads, {m.n_layers} layers,
-weights N(0, {m.init_std}²), frozen; inputs: {cfg.analysis.samples} sequences of {T} N(0, 1) vectors;
-seed {cfg.analysis.seed}; {seconds:.1f} s.
-
-## Layer 1 attention output: measured variance against theory
-
-`theory_uniform` is d²σ⁴/m (exactly uniform attention); `theory_corrected` is dσ⁴[(d−1)κ_m/m + t_m]:
-logits of variance τ² = d²σ⁴ make the softmax slightly peaked (concentration κ_m) and tilted towards
-keys aligned with the query (the floor t_m), see docs/theory.md.
-
-{markdown_table(table)}
-
-## The 1/m law is a first-layer effect
-
-Variance of `attn_out` at the first and the last position, per layer (first/last = {T} would be
-a perfect 1/m law), with the two order scores of the same site (mean over samples): the norm score
-(share of position pairs whose later norm is smaller: the variance signal) and Zuo et al.'s
-adjacency score (the similarity signal); 0.5 is chance for both.
-
-{markdown_table(layers)}
-
-## Position probes on the frozen random model
-
-Chi et al.'s probe: an MLP (d → {p.hidden} → ReLU → 1, MSE, AdamW lr {p.lr:g}, batch
-{p.batch_size}, {p.epochs} epochs) regresses each token's position from the `raw` vector at one
-site: `resid_post` (the block's output) and `attn_out` (its attention output, before the
-residual add), per layer, on {pa.samples} sequences of {T} random N(0, 1) vectors split by whole
-sequences ({1 - p.test_fraction:.0%} train). Beside it, the same probe on one number per token,
-the log `variance` over coordinates (the quantity the derivation is about). MAE on the test
-sequences, mean ± std over {p.seeds} seeds, Pearson r in brackets; `baseline` predicts the
-middle position (T/4 = {T / 4:g}; Chi et al.'s 128 at T = 512). {probe_seconds:.1f} s.
-
-{markdown_table(probe_table(probes))}
-
-{probe_verdict(probes, m)}
-
-## Attention is near-uniform in layer 1
-
-- scaled logit variance, layer 1, measured (mean over query positions of the spread over keys):
-  {logit_measured:.4g}; our derivation d²σ⁴ = {theory.logit_variance(m.d_model, m.init_std):.4g};
-  the paper write-up's d²σ⁴/H = {theory.paper_logit_variance(m.d_model, m.init_std, m.n_heads):.4g}.
-- attention entropy / log m, layer 1: {entropy_ratio.min():.4f} (min over m ≥ 2),
-  {entropy_ratio[-1]:.4f} at m = {T} (1 = uniform).
-
-Figures: `variance.png` (every site and layer, theory dashed over layer 1 `attn_out`),
-`attention.png`, `cosine_*.png`, `scores.png`, `probes.png` (probe MAE per layer and site,
-baseline dashed). Tables: `theory.parquet`, `positions.parquet`, `attention.parquet`,
-`probes.parquet` (MAE, r, baseline and their seed stds per site and layer), `summary.json`.
-"""
+    return fill(
+        "chi2023",
+        **shape_values(m),
+        init_std=m.init_std,
+        samples=cfg.analysis.samples,
+        seq_len=T,
+        seed=cfg.analysis.seed,
+        seconds=f"{seconds:.1f}",
+        theory_table=markdown_table(table),
+        layers_table=markdown_table(layers),
+        probe_hidden=p.hidden,
+        probe_lr=f"{p.lr:g}",
+        probe_batch_size=p.batch_size,
+        probe_epochs=p.epochs,
+        probe_samples=pa.samples,
+        train_share=f"{1 - p.test_fraction:.0%}",
+        probe_seeds=p.seeds,
+        baseline=f"{T / 4:g}",
+        probe_seconds=f"{probe_seconds:.1f}",
+        probe_table=markdown_table(probe_table(probes)),
+        probe_verdict=probe_verdict(probes, m),
+        logit_measured=f"{float(attention.logit_variance[1:].mean()):.4g}",
+        logit_theory=f"{theory.logit_variance(m.d_model, m.init_std):.4g}",
+        logit_paper=f"{theory.paper_logit_variance(m.d_model, m.init_std, m.n_heads):.4g}",
+        entropy_min=f"{entropy_ratio.min():.4f}",
+        entropy_last=f"{entropy_ratio[-1]:.4f}",
+    )

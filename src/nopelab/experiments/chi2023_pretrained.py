@@ -18,6 +18,7 @@ import pandas as pd
 from nopelab import plots
 from nopelab.config import AnalysisConfig, PosEncoding
 from nopelab.experiments.scale_files import read_scales
+from nopelab.experiments.summary_template import fill, schedule_values, shape_values
 from nopelab.experiments.train_and_measure import (
     Trained,
     lm_runs,
@@ -128,31 +129,12 @@ def summary_text(settings: Settings, layers: pd.DataFrame, ppl: pd.DataFrame) ->
     nope.columns = [f"{stat} ({state})" for stat, state in nope.columns]
     first = settings.runs["none"]
     m, t, a = first.model, first.train, settings.analysis
-    return f"""# Chi et al. 2023 — does the variance shrinkage survive training?
-
-Language models on the embedded corpus (World English Bible, byte-level, vocabulary 256):
-pre-LN, d = {m.d_model}, {m.n_heads} heads, {m.n_layers} layers; {t.steps} steps of batch
-{t.batch_size} x {t.seq_len} bytes, AdamW lr {t.lr:g} (warm-up {t.warmup}, cosine decay); seed
-{t.seed}. Analysis: {a.samples} held-out windows of {a.seq_len} bytes, the same for init and
-trained weights.
-
-## Held-out perplexity (per byte) at the training length, 2x and 4x it
-
-The learned table holds 4x the training length; its rows beyond the training length are never
-trained, which is what the 2x and 4x columns show.
-
-{markdown_table(ppl, ".3f")}
-
-## NoPE: attention-output variance against position, per layer
-
-`first_over_last` is Var(attn_out) at position 1 over position {a.seq_len} (a 1/m law gives
-{a.seq_len}); `slope` is the log-log slope of variance against position (-1 for 1/m).
-
-{markdown_table(nope.reset_index(), ".3g")}
-
-All encodings and both states (also the norm score, the variance signal as an order score, and
-the adjacency score): `layers.parquet`.
-
-Figures: `variance.png` (NoPE `attn_out`, init and trained). Every run, with metrics, checkpoint
-and both analyses (all sites, attention entropy), is under `runs/lm-ENCODING/`.
-"""
+    return fill(
+        "chi2023_pretrained",
+        **shape_values(m),
+        **schedule_values(t),
+        samples=a.samples,
+        window=a.seq_len,
+        perplexity_table=markdown_table(ppl, ".3f"),
+        variance_table=markdown_table(nope.reset_index(), ".3g"),
+    )

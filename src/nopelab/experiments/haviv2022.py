@@ -25,6 +25,7 @@ import pandas as pd
 from nopelab import plots
 from nopelab.config import AnalysisConfig, PosEncoding, Probe, ProbeConfig, Site
 from nopelab.experiments.scale_files import read_scales
+from nopelab.experiments.summary_template import fill, schedule_values, shape_values
 from nopelab.experiments.train_and_measure import lm_runs, perplexity_row, train_into
 from nopelab.probing.pipeline import probe_model
 from nopelab.runtime.device import resolve_device
@@ -264,52 +265,25 @@ def summary_text(
     best = int(nope["mad"].idxmin())
     m, t, p = first.model, first.train, settings.probe
     ppl_table = ppl.assign(pos_encoding=ppl["pos_encoding"].map(LABELS))
-    return f"""# Haviv et al. 2022 — language models without positional encodings still learn position
-
-Byte-level language models on the embedded corpus (World English Bible, vocabulary 256), one per
-encoding and otherwise identical: pre-LN, d = {m.d_model}, {m.n_heads} heads, {m.n_layers} layers;
-{t.steps} steps of batch {t.batch_size} x {t.seq_len} bytes, AdamW lr {t.lr:g} (warm-up
-{t.warmup}, cosine decay); seed {t.seed}. Haviv et al. trained 1.3B-parameter models (24 layers,
-T = {PUBLISHED_SEQ_LEN}) on the Pile: our models are tiny by comparison, so compare the *pattern*,
-not the numbers.
-
-## Held-out perplexity (per byte)
-
-At the training length ({t.seq_len} bytes), 2x and 4x it; `relative_to_nope` is the perplexity
-over NoPE's at the training length; `published_wikitext103` is Haviv et al.'s word-level
-WikiText-103 perplexity of their 1.3B models (a different corpus and unit; for the ordering only).
-
-{markdown_table(ppl_table, ".3f")}
-
-## Position probes on the frozen models: MAD per layer
-
-Classifiers over the {a.seq_len} positions on each layer's output (L0: the input to the first
-block, token plus input-level position embedding; Ll: block l's output), trained with
-cross-entropy on {a.samples} held-out text windows of {a.seq_len} bytes, split by whole
-windows ({1 - p.test_fraction:.0%} train); MAD = mean |target − argmax| on the test windows, mean ±
-std over {p.seeds} seeds (splits and probe initialisations). `baseline`: predicting the middle
-position (≈ T/4); `random`: guessing uniformly, (T² − 1)/3T = {random_baseline(a.seq_len):.2f} (Haviv
-et al.'s 341.33 at T = 1024). MLP: one hidden ReLU layer of {p.hidden}; AdamW lr {p.lr:g}, batch
-{p.batch_size}, {p.epochs} epochs.
-
-{markdown_table(mad_table(probes))}
-
-NoPE's lowest MAD ({SHAPE_PROBE}) is at layer {best} of {m.n_layers}
-({nope.loc[best, "mad"]:.3g} ± {nope.loc[best, "mad_std"]:.2g}).
-
-## Shape against the published curves
-
-MAD as a fraction of the random baseline, depth as a fraction of the stack (layer / L), ours
-({SHAPE_PROBE}) against Haviv et al.'s published 1.3B numbers (only the layers whose values we have;
-the sinusoidal value is their "≈0.01 in early layers"). Shape, not scale: their model is ~1000x
-larger, trained on far more text, at 8x our sequence length.
-
-{markdown_table(pd.DataFrame(shapes))}
-
-Figure: `probes.png` — left panels: our MAD per layer (mean ± std over seeds), one line per
-encoding, per probe, with the predict-the-middle (dashed) and random (dotted) baselines; right
-panel: the shape comparison, ours solid, published dashed with markers. Tables:
-`perplexity.parquet`, `probes.parquet` (every probe row: MAD, accuracy, baselines, seed std),
-`published.parquet`, `summary.json`; every trained run (metrics, checkpoint, training curves)
-under `runs/lm-ENCODING/`.
-"""
+    return fill(
+        "haviv2022",
+        **shape_values(m),
+        **schedule_values(t),
+        published_seq_len=PUBLISHED_SEQ_LEN,
+        perplexity_table=markdown_table(ppl_table, ".3f"),
+        window=a.seq_len,
+        samples=a.samples,
+        train_share=f"{1 - p.test_fraction:.0%}",
+        probe_seeds=p.seeds,
+        random_baseline=f"{random_baseline(a.seq_len):.2f}",
+        probe_hidden=p.hidden,
+        probe_lr=f"{p.lr:g}",
+        probe_batch_size=p.batch_size,
+        probe_epochs=p.epochs,
+        mad_table=markdown_table(mad_table(probes)),
+        shape_probe=SHAPE_PROBE,
+        best_layer=best,
+        best_mad=f"{nope.loc[best, 'mad']:.3g}",
+        best_mad_std=f"{nope.loc[best, 'mad_std']:.2g}",
+        shapes_table=markdown_table(pd.DataFrame(shapes)),
+    )

@@ -25,6 +25,7 @@ from nopelab import plots
 from nopelab.config import ModelConfig, PosEncoding
 from nopelab.errors import ConfigError
 from nopelab.experiments.scale_files import read_scales
+from nopelab.experiments.summary_template import fill
 from nopelab.experiments.train_and_measure import lm_runs, train_into
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
@@ -325,39 +326,16 @@ def summary_text(
     learned = verdict["learned_minus_nope_percent_at_largest"]
     spread = verdict["learned_minus_nope_percent_std"]
     theirs_learned = published[published["pos_encoding"] == "learned"]["gap_percent"].abs()
-    return f"""# Haviv et al. 2022 — the gap to NoPE across model sizes
-
-Byte-level language models on the embedded corpus, one per size, encoding and seed
-({seeds} seed{"s" if seeds > 1 else ""}), trained with one recipe to a token budget set by the
-size. Perplexity is per byte on the held-out tail of the corpus.
-
-## Budget per size
-
-{markdown_table(budget.round(2).reset_index())}
-
-## Held-out perplexity per byte (mean ± std over seeds)
-
-{markdown_table(ours.reset_index())}
-
-## Gap to NoPE: (encoding − NoPE) / NoPE, same size and seed
-
-Ours:
-
-{markdown_table(gap.reset_index())}
-
-Haviv et al., Table 2 (the Pile, perplexity per token; NoPE 22.15, 16.87, 14.29, 13.10):
-
-{markdown_table(theirs.reset_index())}
-
-## Verdict
-
-From the smallest to the largest size, the magnitude of each encoding's gap to NoPE (beyond
-the seeds' spread): {trend}. At the largest size the learned table is {learned:+.1f} %
-(± {spread:.1f}) off NoPE's perplexity; Haviv et al. find NoPE within
-{theirs_learned.min():.1f}–{theirs_learned.max():.1f} % of it at every size.
-
-Figures: `sizes.png` (perplexity and gap against parameters, ours beside theirs),
-`curves.png` (held-out loss against tokens seen, one panel per size).
-Tables: `models.parquet` (one row per model), `perplexity.parquet`, `gaps.parquet`,
-`curves.parquet`.
-"""
+    return fill(
+        "haviv2022_sizes",
+        seeds=f"{seeds} seed{'s' if seeds > 1 else ''}",
+        budget_table=markdown_table(budget.round(2).reset_index()),
+        perplexity_table=markdown_table(ours.reset_index()),
+        gap_table=markdown_table(gap.reset_index()),
+        published_table=markdown_table(theirs.reset_index()),
+        trend=trend,
+        learned=f"{learned:+.1f}",
+        spread=f"{spread:.1f}",
+        published_min=f"{theirs_learned.min():.1f}",
+        published_max=f"{theirs_learned.max():.1f}",
+    )

@@ -32,6 +32,7 @@ from nopelab import plots
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import ConfigError
 from nopelab.experiments.scale_files import read_scales
+from nopelab.experiments.summary_template import fill
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.run_files import positions_table, summary_rows
 from nopelab.probing.pipeline import probe_model
@@ -261,18 +262,18 @@ def summary_text(
     )
     scores.columns = [f"{site} {variant}" for site, variant in scores.columns]
     a = s.analysis
-    return (
-        f"# nopelab: a real pretrained model (SmolLM2-135M-Instruct, GGUF Q4_1)\n\n"
-        f"{a.samples} windows of {a.seq_len} tokens from the default corpus's held-out tail; "
-        f"loss on {s.loss_windows} further windows. Loading took {load_seconds:.0f} s; "
-        f"everything {seconds:.0f} s.\n\n"
-        "RoPE is switched off without retraining, so the loss shows how much the released "
-        "model relies on it.\n\n## Loss on held-out text\n\n"
-        f"{markdown_table(loss)}\n\n## Which layers use position (measured)\n\n"
-        f"{markdown_table(uses_table)}\n\n## Adjacency score by layer\n\n"
-        f"{markdown_table(scores.reset_index())}\n\n"
-        "## Which signal alone recovers position best (MLP regression MAE at resid_post)\n\n"
-        f"{markdown_table(signals)}\n\n## Probes\n\n{markdown_table(readable(probe_frame))}\n"
+    return fill(
+        "real_model",
+        samples=a.samples,
+        seq_len=a.seq_len,
+        loss_windows=s.loss_windows,
+        load_seconds=f"{load_seconds:.0f}",
+        seconds=f"{seconds:.0f}",
+        loss_table=markdown_table(loss),
+        uses_table=markdown_table(uses_table),
+        scores_table=markdown_table(scores.reset_index()),
+        signals_table=markdown_table(signals),
+        probes_table=markdown_table(readable(probe_frame)),
     )
 
 

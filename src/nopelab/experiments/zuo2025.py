@@ -21,6 +21,7 @@ import pandas as pd
 from nopelab import plots
 from nopelab.config import AnalysisConfig, Init, ModelConfig, RunConfig, Site
 from nopelab.experiments.scale_files import RandomInitScale, read_scales
+from nopelab.experiments.summary_template import fill, shape_values
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.run_files import read_analysis, write_analysis
 from nopelab.models.transformer import build_model
@@ -148,22 +149,14 @@ def score_table(frame: pd.DataFrame) -> pd.DataFrame:
 def summary_text(settings: Settings, attn: pd.DataFrame, grid: list[str]) -> str:
     """``summary.md``: adjacency per layer for the variants, and across initialisations."""
     first = next(iter(settings.runs.values()))
-    return f"""# Zuo et al. 2025 — adjacency pattern at random init
-
-Model: pre-LN, d = {first.model.d_model}, {first.model.n_heads} heads, {first.model.n_layers} layers,
-no biases, tied embeddings; {first.analysis.samples} sequences of {first.analysis.seq_len} uniformly
-random characters (vocabulary {first.model.vocab_size}); seed {first.analysis.seed}.
-Adjacency probability score of `attn_out` per layer (mean ± std over samples; 0.5 = chance, 1 = perfect).
-
-## Variants at normal(0.02)
-
-{markdown_table(score_table(attn[attn["run"].isin(list(VARIANTS))]))}
-
-## Causal NoPE across initialisations
-
-{markdown_table(score_table(attn[attn["run"].isin(grid)]))}
-
-Figures: `heatmaps.png` (variants × layers), `heatmaps_init.png`, `score_vs_sigma.png`,
-`scores.png`. Tables: `scores.parquet` (every run, layer and site; also `resid_post` and the norm
-score), `summary.json`, and one analysis folder per configuration under `runs/`.
-"""
+    m, a = first.model, first.analysis
+    return fill(
+        "zuo2025",
+        **shape_values(m),
+        samples=a.samples,
+        seq_len=a.seq_len,
+        vocab_size=m.vocab_size,
+        seed=a.seed,
+        variants_table=markdown_table(score_table(attn[attn["run"].isin(list(VARIANTS))])),
+        inits_table=markdown_table(score_table(attn[attn["run"].isin(grid)])),
+    )

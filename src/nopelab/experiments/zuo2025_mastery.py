@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from nopelab.experiments import zuo2025_trained as trained
+from nopelab.experiments.summary_template import fill
 from nopelab.experiments.train_and_measure import stage_folder, train_into
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.runner import Job, run_jobs
@@ -161,26 +162,22 @@ def summary_text(settings: Settings, table: pd.DataFrame, spread: pd.DataFrame) 
     lowest = ", ".join(
         f"{r.task} {r.pos_encoding} {r.accuracy_min:.3f}" for r in spread.itertuples()
     )
-    return f"""# Zuo et al. 2025 — steps to mastery over seeds {", ".join(map(str, settings.seeds))}
-
-The {", ".join(NAMES[pe] for pe in encodings)} models of `--part trained` (d = {m.d_model}, {m.n_heads} heads, {m.n_layers} layers; batch
-{t.batch_size}, lr {t.lr:g}), each trained until exact match on the held-out evaluation sample
-reaches {t.stop_at:g} (checked every {t.eval_every} steps), within a cap of steps per stage
-({caps}); a curriculum's stages are counted in.
-
-## Seeds that mastered the task: steps to mastery, mean ± std (min–max)
-
-{markdown_table(overview)}
-
-## Steps to mastery per seed
-
-{markdown_table(per_seed)}
-
-Lowest final accuracy (every test line) per task and encoding: {lowest}.
-
-Files: `mastery.parquet` (a row per model and seed: accuracy, steps trained, steps to target,
-training seconds), `summary.json`, `mastery.png`; every run under `runs/TASK-ENCODING-seedN/`.
-"""
+    return fill(
+        "zuo2025_mastery",
+        seeds=", ".join(map(str, settings.seeds)),
+        encodings=", ".join(NAMES[pe] for pe in encodings),
+        d_model=m.d_model,
+        n_heads=m.n_heads,
+        n_layers=m.n_layers,
+        batch_size=t.batch_size,
+        lr=f"{t.lr:g}",
+        stop_at=f"{t.stop_at:g}",
+        eval_every=t.eval_every,
+        caps=caps,
+        overview_table=markdown_table(overview),
+        per_seed_table=markdown_table(per_seed),
+        lowest=lowest,
+    )
 
 
 def _figure(table: pd.DataFrame, stop_at: float, path: Path) -> None:

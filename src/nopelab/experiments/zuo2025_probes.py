@@ -29,6 +29,7 @@ from nopelab.config import AnalysisConfig, ProbeConfig, Site, Target
 from nopelab.errors import UserError
 from nopelab.experiments import zuo2025_trained
 from nopelab.experiments.scale_files import read_scales
+from nopelab.experiments.summary_template import fill, shape_values
 from nopelab.experiments.train_and_measure import train_into
 from nopelab.models.transformer import Transformer, build_model
 from nopelab.probing import signals
@@ -323,52 +324,25 @@ def summary_text(
         f"train on {''.join(DIGITS[i] for i in train_ids)}, "
         f"test on {''.join(DIGITS[i] for i in test_ids)}"
     )
-    accuracies = ", ".join(f"{row['task']} {row['accuracy']:.3f}" for row in accuracy)
-    return f"""# Zuo et al. 2025 — variance or similarity: which carries position?
-
-Probes at `attn_heads` (the heads' outputs concatenated, before the output projection: Zuo
-et al.'s site) and `attn_out` (after the projection) of causal NoPE models: pre-LN, d = {m.d_model}, {m.n_heads} heads, {m.n_layers} layers, no biases, tied
-embeddings; `{RANDOM}` is the model at its normal(0.02) initialisation (the starting point of
-every task model), the others are trained on one task each, exactly as in
-`zuo2025 --part trained` at the same scale (seed {t.seed}).
-
-Probe: MLP d → {p.hidden} → ReLU → 1, MSE, AdamW lr {p.lr:g}, batch {p.batch_size}, {p.epochs}
-epochs, on {a.samples} sequences of {a.seq_len} uniformly random digits; sequences for training
-are drawn from one half of the ten digits and the {p.test_fraction:.0%} test sequences from the
-other half (Zuo et al.'s held-out-token split: they train on 5-8 and test on 1-4; our halves
-are drawn at random: {halves}). Digits, because a task model has learned embeddings only for
-the characters its task uses. Mean ± std over {p.seeds} probe seeds (the split
-is fixed; seeds change the probe's initialisation and batches). `baseline`: predicting the
-middle (≈ T/4 = {a.seq_len / 4:g}). Features: `raw` (the vector), `norm` (log ‖h‖),
-`variance` (log variance over coordinates; Chi et al.), `cos_last` (cosine to the last token;
-Zuo et al.), `cos_row` (the token's sorted cosine row), `norm+cos_last`.
-
-Task accuracy of the trained models (exact match): {accuracies}.{_reused(settings)}
-
-## Verdict
-
-{verdict_text(verdict)}
-
-Per layer, the single signal with the lowest MAE (variance, norm, or similarity = the better
-of `cos_last` and `cos_row`); "not decisive" when it leads the runner-up by less than the sum of
-their seed stds:
-
-{markdown_table(_readable_verdict(verdict))}
-
-With sequences of one fixed length, distance to the last token is T − 1 − position: the two
-targets hold the same information and differ only by probe-training noise.
-
-## Target: position — MAE ± std (Pearson r) per layer
-
-{markdown_table(probe_table(probes, "position"))}
-
-## Target: distance to the last token
-
-{markdown_table(probe_table(probes, "distance"))}
-
-Figure: `probes.png` (MAE per layer, a line per feature set, a panel per model, site and target,
-baseline dashed). Tables: `probes.parquet` (every fit: MAE, r, baseline, seed stds),
-`verdict.parquet` (per target, model and layer: each signal's best MAE, winner, decisive),
-`summary.json`; the trained runs under `runs/TASK-none/` (with their `probes.json`), the
-random-init model's probes in `runs/random-init/probes.json`.
-"""
+    return fill(
+        "zuo2025_probes",
+        **shape_values(m),
+        random=RANDOM,
+        seed=t.seed,
+        hidden=p.hidden,
+        lr=f"{p.lr:g}",
+        batch_size=p.batch_size,
+        epochs=p.epochs,
+        samples=a.samples,
+        seq_len=a.seq_len,
+        test_share=f"{p.test_fraction:.0%}",
+        halves=halves,
+        probe_seeds=p.seeds,
+        baseline=f"{a.seq_len / 4:g}",
+        accuracies=", ".join(f"{row['task']} {row['accuracy']:.3f}" for row in accuracy),
+        reused=_reused(settings),
+        verdict=verdict_text(verdict),
+        verdict_table=markdown_table(_readable_verdict(verdict)),
+        position_table=markdown_table(probe_table(probes, "position")),
+        distance_table=markdown_table(probe_table(probes, "distance")),
+    )

@@ -34,6 +34,7 @@ import pandas as pd
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, PosEncoding, Site, TrainConfig
 from nopelab.experiments.scale_files import read_scales
+from nopelab.experiments.summary_template import fill, shape_values
 from nopelab.experiments.train_and_measure import read_trained, stage_folder, train_and_analyze
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
@@ -248,6 +249,8 @@ def _score_table(scores: pd.DataFrame, site: str) -> pd.DataFrame:
 
 
 def summary_text(settings: Settings, accuracy: pd.DataFrame, scores: pd.DataFrame) -> str:
+    """``summary.md``: accuracy per task and encoding (with the optional blocks: steps to mastery,
+    the curriculum's stages), and the adjacency score per layer at both attention sites."""
     first = next(iter(settings.runs.values()))
     m, t, task_cfg = first.model, first.train, task_of(first)
     acc = accuracy.pivot(index="task", columns="pos_encoding", values="accuracy")
@@ -258,6 +261,7 @@ def summary_text(settings: Settings, accuracy: pd.DataFrame, scores: pd.DataFram
         "steps" if t.stop_at is None else "step cap",
         [settings.scale.steps[task] for task in TASKS],
     )
+    # each optional block starts with a blank line
     mastery = ""
     if t.stop_at is not None:
         reached = accuracy.assign(
@@ -270,16 +274,12 @@ def summary_text(settings: Settings, accuracy: pd.DataFrame, scores: pd.DataFram
         )
         table = reached.pivot(index="task", columns="pos_encoding", values="shown")
         table = table.reindex(index=list(TASKS), columns=list(POS_ENCODINGS))
-        mastery = f"""
-## Steps to mastery
-
-Training stops once exact match on the held-out evaluation sample reaches {t.stop_at:g}
-(checked every {t.eval_every} steps; a curriculum's stages are counted in); the accuracy above
-is then measured on every test line. `nopelab reproduce zuo2025 --part mastery` repeats this
-over three seeds.
-
-{markdown_table(table.reset_index())}
-"""
+        mastery = "\n" + fill(
+            "zuo2025_trained_mastery",
+            stop_at=f"{t.stop_at:g}",
+            eval_every=t.eval_every,
+            table=markdown_table(table.reset_index()),
+        )
     nope = scores[(scores["pos_encoding"] == "none") & (scores["site"] == "attn_heads")]
     trained = nope[nope["state"] == "trained"].groupby("task")["adjacency_mean"].max()
     pattern = ", ".join(f"{task} {trained[task]:.3f}" for task in TASKS if task in trained)
@@ -288,48 +288,32 @@ over three seeds.
     if len(staged):
         stages = staged.pivot(index="task", columns="pos_encoding", values="curriculum")
         stages = stages.reindex(columns=list(POS_ENCODINGS))
-        curriculum = f"""
-Trained through a curriculum (each stage on shorter instances in the same format, the next
-stage starting from its weights; the test accuracy of each earlier stage on its own length):
-
-{markdown_table(stages.reset_index())}
-"""
+        curriculum = "\n" + fill(
+            "zuo2025_trained_curriculum", table=markdown_table(stages.reset_index())
+        )
     layout = {
         "padded": "one line per row, its prompt left-padded with newlines to the longest prompt",
         "packed": "lines packed end to end from a line start",
         "windows": "random windows of the shuffled, concatenated lines (Zuo et al.)",
     }[task_cfg.layout]
-    return f"""# Zuo et al. 2025 — the adjacency pattern in trained models
-
-Tasks in Zuo et al.'s formats; `max_len` is each task's longest operand (most instances have
-it: numbers are uniform below 10^max_len). Model: pre-LN, d = {m.d_model}, {m.n_heads} heads,
-{m.n_layers} layers, no biases, tied embeddings, dropout {m.dropout}, init {m.init}.
-Training: batch {t.batch_size}, {layout}; loss on {"the answers" if task_cfg.loss_mode == "answer" else "every character"};
-AdamW lr {t.lr:g} (warm-up {t.warmup}, cosine decay to lr/10), weight decay {t.weight_decay},
-clip {t.grad_clip}; the same budget for every encoding; seed {t.seed}.
-Analysis (Zuo et al.'s protocol): {settings.analyses["add"].samples} test prompts per model,
-one per sequence, left-padded with newlines to the task's longest prompt; init and trained
-weights see the same prompts.
-
-## Test accuracy (exact match, greedy decoding, all test lines)
-
-{markdown_table(acc.reset_index(), ".3f")}
-{mastery}{curriculum}
-## Adjacency score at `attn_heads` per layer (heads before the output projection)
-
-Mean ± std over prompts; 0.5 = chance, 1 = perfect. Highest layer score of each trained NoPE
-model: {pattern}.
-
-{markdown_table(_score_table(scores, "attn_heads"))}
-
-## Adjacency score at `attn_out` per layer (after the output projection)
-
-{markdown_table(_score_table(scores, "attn_out"))}
-
-Figures: `heatmaps.png` (NoPE `attn_heads`, init and trained, every task and layer),
-`scores-attn_heads.png`, `scores-attn_out.png` (adjacency per layer, init dashed, trained solid).
-Tables: `accuracy.parquet`, `scores.parquet` (every site, also `resid_post`, and both norm
-scores), `summary.json`; every trained run, with its metrics, learning curves
-(`training.png`), checkpoint and both analyses, under `runs/TASK-ENCODING/` (a curriculum's
-earlier stages under `runs/TASK-ENCODING-stageN/`).
-"""
+    return fill(
+        "zuo2025_trained",
+        **shape_values(m),
+        dropout=m.dropout,
+        init=m.init,
+        batch_size=t.batch_size,
+        layout=layout,
+        loss_on="the answers" if task_cfg.loss_mode == "answer" else "every character",
+        lr=f"{t.lr:g}",
+        warmup=t.warmup,
+        weight_decay=t.weight_decay,
+        grad_clip=t.grad_clip,
+        seed=t.seed,
+        samples=settings.analyses["add"].samples,
+        accuracy_table=markdown_table(acc.reset_index(), ".3f"),
+        mastery=mastery,
+        curriculum=curriculum,
+        pattern=pattern,
+        heads_table=markdown_table(_score_table(scores, "attn_heads")),
+        out_table=markdown_table(_score_table(scores, "attn_out")),
+    )
