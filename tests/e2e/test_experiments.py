@@ -204,7 +204,7 @@ def test_chi2023_pretrained_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert (out / "runs" / "lm-none" / "tokenizer.json").is_file()
     assert_matches_reference(out, "chi2023-pretrained")
 
-    # the models ran as Ray tasks of one thread; one after another here, the numbers are equal
+    # the models ran in worker processes of one thread; one after another here, the numbers are equal
     monkeypatch.setattr(chi2023_pretrained, "default_workers", lambda device: 1)
     serial = tmp_path / "serial"
     threads = torch.get_num_threads()

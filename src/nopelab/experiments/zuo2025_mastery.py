@@ -8,8 +8,8 @@ The part reports, per task, how many seeds mastered it and the mean, spread and 
 steps they needed: a fixed step budget set near the point where a task is learned turns a seed,
 or another CPU's float rounding, into another conclusion; steps to a target do not.
 ``POS_ENCODINGS`` names the encodings trained (NoPE, whose claim this is; ``--part trained``
-gives every encoding's steps at one seed). Models train as Ray tasks of one thread each and
-are not analysed.
+gives every encoding's steps at one seed). Models train in worker processes of one thread each
+and are not analysed.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class Settings:
     runs: dict[str, TrainRun]  # task -> NoPE training run
     stages: dict[str, tuple[TrainRun, ...]]  # task -> its curriculum's earlier stages
     analysis: AnalysisConfig
-    workers: int  # models trained and probed at once (one-thread Ray tasks)
+    workers: int  # models trained and probed at once (one-thread worker processes)
     probes: dict[Target, ProbeConfig]  # target -> probe settings
     models: Path | None = None  # a finished `--part trained` run whose NoPE models to reuse
 

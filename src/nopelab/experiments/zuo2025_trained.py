@@ -18,8 +18,8 @@ recipe search in docs/zuo2025.md. Where NoPE does not learn a task's full length
 (9-digit ``wherex``), ``medium`` trains it through a curriculum: first on shorter instances, then
 on the full length from those weights; every encoding goes through the same curriculum.
 
-Models train and are analysed as Ray tasks of one thread each (one per core on a CPU); a run
-directory that already holds finished models is continued, not retrained.
+Models train and are analysed in worker processes of one thread each (one per core on a CPU);
+a run directory that already holds finished models is continued, not retrained.
 """
 
 from __future__ import annotations

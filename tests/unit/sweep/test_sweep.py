@@ -1,4 +1,4 @@
-"""nopelab sweep: grid files checked before anything is written, cells run on Ray, resumable."""
+"""nopelab sweep: grid files checked before anything is written, cells run side by side, resumable."""
 
 from __future__ import annotations
 
@@ -283,7 +283,7 @@ def test_a_failing_cell_is_recorded_and_the_others_finish(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_a_cell_gives_the_numbers_of_a_serial_run(tmp_path: Path) -> None:
-    """The same seed through the sweep (a Ray worker, one thread) and in this process."""
+    """The same seed through the sweep (a worker process, one thread) and in this process."""
     import torch
 
     from nopelab.sweep.cells import run_cell
