@@ -30,9 +30,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from nopelab.api import load
-from nopelab.config import SITES, ModelConfig
+from nopelab.config import SITES, AnalysisConfig, ModelConfig
 from nopelab.measure.analysis import input_batches
 from nopelab.measure.capture import StreamingCapture
 from nopelab.measure.metrics import (
@@ -172,6 +173,23 @@ def command_costs(repeats: int, seed: int) -> None:
             f"    {part:12s}                    {best[part]:8.2f} s   {best[part] / bare_best:5.2f} x bare"
         )
     print(f"    (the statistics by summary.json: {best['analysis']:.2f} s)")
+    share = statistics_flop_share(model, cfg)
+    print(
+        f"  matrix products of the statistics: +{share:.1%} of the forward pass's FLOPs (torch's"
+        f" counter): the least they add at the forward's matmul speed -> floor {1 + share:.2f}"
+    )
+
+
+def statistics_flop_share(model: Transformer, cfg: AnalysisConfig) -> float:
+    """FLOPs the statistics add to one batch's forward pass (the exact cosine matrices' products),
+    as a share of the forward pass's own, both by torch's FLOP counter."""
+    batch = next(input_batches(model.cfg, cfg))
+    with FlopCounterMode(display=False) as bare:
+        model(**batch)
+    capture = StreamingCapture(model, cfg.sites, cfg.seq_len)
+    with capture, FlopCounterMode(display=False) as measured:
+        model(**batch)
+    return measured.get_total_flops() / bare.get_total_flops() - 1
 
 
 def adjacency_costs(sizes: list[int], brute_max: int, seed: int) -> None:

@@ -5,20 +5,20 @@ Run: ``.venv/bin/python benchmarks/bench_sweep.py`` (``--quick``: fewer steps; `
 
 * serial: the 8 cells one after another in this process, torch using every core (one
   many-thread cell at a time: what a shell loop over ``nopelab train`` does);
-* sweep: the same 8 cells through the sweep engine on a local Ray cluster with the default
-  resources (one CPU and one torch thread per cell, so as many cells at once as cores), from
-  ``ray.init`` to the last result file;
+* sweep: the same 8 cells through the sweep engine with the default resources (one CPU and
+  one torch thread per cell, so as many cells at once as cores, in worker processes), from the
+  start to the last result file;
 * sweep, one many-thread cell at a time: the same grid with ``cpus_per_cell`` and
   ``threads_per_cell`` set to the number of cores: is the default the faster of the two?
-* overhead: a sweep of 8 one-step cells of the same model: its wall time is Ray's start-up plus
-  the per-cell cost (task dispatch, worker start-up and imports, the cell's folder and results
-  file, data generation), which the speed-up has to pay for.
+* fixed cost: a sweep of 8 one-step cells of the same model: its wall time is the workers'
+  start-up (a fresh interpreter importing torch) plus the per-cell cost (dispatch, the cell's
+  folder and results file, data generation), which the speed-up has to pay for.
 
 The cells: copy task (lines up to 5 letters), 2 layers, 2 heads, d = ``--d-model`` (32),
 batch ``--batch-size`` (4) x 64 tokens, ``--steps`` steps each, a crossed grid of 2 encodings x
 2 learning rates x 2 seeds. How much a second thread speeds up one cell grows with the model:
-the sweep gains most where it does not help. Ray's start-up is paid once per sweep, so the
-speed-up also grows with the length of the cells (4000 steps: about 10 s per cell).
+the sweep gains most where it does not help. The workers' start-up is paid once per sweep, so
+the speed-up also grows with the length of the cells (4000 steps: about 10 s per cell).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main() -> None:
         (f"serial, one {threads}-thread cell at a time", serial),
         (f"nopelab sweep, {cores} one-thread cells at a time (default)", swept),
         (f"nopelab sweep, one {cores}-thread cell at a time", wide),
-        (f"nopelab sweep of {n} one-step cells (overhead)", overhead),
+        (f"fixed cost: nopelab sweep of {n} one-step cells", overhead),
     ]
     for name, seconds in rows:
         print(f"| {name} | {seconds:.1f} | {seconds / n:.2f} |")

@@ -52,7 +52,7 @@ PUBLISHED = {
 }
 
 
-EVALUATIONS = 12  # held-out evaluations along each model's training: its learning curve
+EVALUATIONS = 8  # held-out evaluations along each model's training: its learning curve
 
 
 class Scale(TypedDict):
