@@ -424,6 +424,9 @@ class TrainConfig:
     eval_samples: int = setting(512, "Task: test examples decoded per evaluation (all at the end)")
     eval_tokens: int = setting(32768, "Text: held-out tokens per evaluated length")
     checkpoint_every: int = setting(250, "Steps between checkpoints")
+    keep_checkpoints: bool = setting(
+        False, "Also keep each checkpoint's weights as checkpoints/step-N.safetensors"
+    )
     compile: bool = setting(False, "torch.compile the model")
     precision: Precision = setting("auto", "auto: bfloat16 autocast on CUDA, float32 elsewhere")
     device: str = setting("auto", "auto, cpu, cuda[:N] or mps")

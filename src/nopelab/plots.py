@@ -556,3 +556,23 @@ def learning_curves_by_size(curves: pd.DataFrame, labels: dict[str, str], path: 
     axes[0][0].set_ylabel("held-out loss (nats per byte)")
     axes[0][0].legend(fontsize=8)
     _save(fig, path)
+
+
+def decay_along_training(decay: pd.DataFrame, labels: dict[str, str], path: Path) -> None:
+    """Var(attn_out) at position 1 over the last against tokens seen: a panel per layer, a
+    line per encoding (a 1/m law gives T; no decay gives 1)."""
+    layers = sorted(decay["layer"].unique())
+    fig, axes = _pyplot().subplots(
+        1, len(layers), figsize=(3.6 * len(layers), 3.3), squeeze=False, layout="constrained"
+    )
+    for ax, layer in zip(axes[0], layers, strict=True):
+        rows = decay[decay["layer"] == layer]
+        for i, (pe, line) in enumerate(rows.groupby("pos_encoding", sort=False)):
+            ax.plot(line["tokens"] / 1e6, line["first_over_last"], marker="o", ms=3,
+                    color=f"C{i}", label=labels.get(pe, pe))  # fmt: skip
+        ax.axhline(1, color="grey", lw=0.8)
+        ax.set(yscale="log", xlabel="tokens seen (M)", title=f"attn_out, layer {layer}")
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel("Var at position 1 / Var at the last")
+    axes[0][0].legend(fontsize=8)
+    _save(fig, path)

@@ -203,6 +203,22 @@ def test_chi2023_pretrained_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert (out / "variance.png").stat().st_size > 0
     assert (out / "runs" / "lm-none" / "tokenizer.json").is_file()
     assert_matches_reference(out, "chi2023-pretrained")
+    # the decay along training: init, then the two checkpoints kept (10 and 20 of 20 steps)
+    along = pd.read_parquet(out / "along.parquet")
+    assert sorted(along["step"].unique()) == [0, 10, 20]
+    assert (along["tokens"] == along["step"] * 8 * 32).all()
+    kept = out / "runs" / "lm-none" / "checkpoints"
+    assert sorted(p.name for p in kept.iterdir()) == ["step-10.safetensors", "step-20.safetensors"]
+    final = (out / "runs" / "lm-none" / "model.safetensors").read_bytes()
+    assert (kept / "step-20.safetensors").read_bytes() == final
+    # at init and at the last checkpoint, the same weights and windows as the two analyses
+    for step, state in ((0, "init"), (20, "trained")):
+        ends = along[along["step"] == step].set_index(["pos_encoding", "layer"])
+        states = layers[layers["state"] == state].set_index(["pos_encoding", "layer"])
+        pd.testing.assert_series_equal(
+            ends["first_over_last"], states["first_over_last"].loc[ends.index]
+        )
+    assert (out / "along.png").stat().st_size > 0
 
     # the models ran in worker processes of one thread; one after another here, the numbers are equal
     monkeypatch.setattr(chi2023_pretrained, "default_workers", lambda device: 1)

@@ -3,11 +3,15 @@
 A NoPE language model is trained on the embedded corpus (World English Bible, byte-level), next
 to a learned-PE and a RoPE model trained the same way. Each is analysed at init and after
 training on the same held-out text windows: per-layer variance against position, and
-perplexity at the training length, 2x and 4x it.
+perplexity at the training length, 2x and 4x it. Each model keeps its weights at every
+checkpoint, and the attention output's variance decay (position 1 over the last, and the
+log-log slope) is measured at each on those same windows: the decay along training.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict, cast
@@ -21,24 +25,32 @@ from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.summary_template import fill, schedule_values, shape_values
 from nopelab.experiments.train_and_measure import (
     Trained,
+    kept_checkpoints,
     lm_runs,
     perplexity_row,
     read_trained,
     train_and_analyze,
 )
+from nopelab.measure.analysis import analyze_model
+from nopelab.measure.capture import CaptureResult
+from nopelab.models.transformer import build_model
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import markdown_table
+from nopelab.training.checkpoint import load_model
 from nopelab.training.run import TrainRun
+from nopelab.training.train import make_source
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "rope")
+LABELS = {"none": "NoPE", "learned": "learned", "rope": "RoPE"}
 
 
 class Scale(TypedDict):
     model: dict[str, Any]  # ModelConfig fields
     train: dict[str, Any]  # TrainConfig fields
     samples: int  # held-out text windows analysed
+    checkpoints: int  # checkpoints kept along training, evenly spaced
 
 
 SCALES = cast(dict[str, Scale], read_scales("chi2023_pretrained", Scale))
@@ -54,7 +66,7 @@ class Settings:
 def settings(scale: str, seed: int, device: str) -> Settings:
     s = SCALES[scale]
     resolve_device(device)
-    runs = lm_runs(POS_ENCODINGS, s["model"], s["train"], seed, device)
+    runs = lm_runs(POS_ENCODINGS, s["model"], s["train"], seed, device, kept=s["checkpoints"])
     analysis = AnalysisConfig(
         seq_len=s["train"]["seq_len"],
         samples=s["samples"],
@@ -87,6 +99,36 @@ def _layer_ratios(pe: str, result: Trained) -> list[dict]:
     return rows
 
 
+def train_and_follow(run: TrainRun, analysis: AnalysisConfig, folder: Path) -> None:
+    """Train and analyse one model (:func:`train_and_analyze`), then measure the attention
+    output's variance decay at init and at every checkpoint it kept (``along.json``). A job."""
+    train_and_analyze(run, analysis, (), folder)
+    source = make_source(run, folder)
+    only = dataclasses.replace(analysis, sites=("attn_out",), attn_entropy=False)
+    rows = []
+    for step, weights in [(0, None), *kept_checkpoints(folder)]:
+        model = build_model(run.model, run.train.seed)  # where training started
+        if weights is not None:
+            load_model(model, weights)
+        result = analyze_model(model, only, progress=False, source=source)
+        rows += _decay_rows(result, step * run.train.batch_size * run.train.seq_len, step)
+    write_json(folder / "along.json", {"rows": rows})
+
+
+def _decay_rows(result: CaptureResult, tokens: int, step: int) -> list[dict[str, Any]]:
+    """Per layer: Var(attn_out) at position 1 over the last, and its log-log slope."""
+    return [
+        {
+            "step": step,
+            "tokens": tokens,
+            "layer": layer,
+            "first_over_last": float(stats.variance[0] / stats.variance[-1]),
+            "slope": _loglog_slope(stats.variance),
+        }
+        for (_, layer), stats in result.sites.items()
+    ]
+
+
 def _loglog_slope(variance: np.ndarray) -> float:
     """Least-squares slope of log variance against log position (-1 for a 1/m law)."""
     m = np.arange(1, len(variance) + 1)
@@ -95,13 +137,16 @@ def _loglog_slope(variance: np.ndarray) -> float:
 
 def run(settings: Settings, out: Path) -> None:
     jobs = [
-        Job(f"lm-{pe}", train_and_analyze, (train_run, settings.analysis, ()))
+        Job(f"lm-{pe}", train_and_follow, (train_run, settings.analysis))
         for pe, train_run in settings.runs.items()
     ]
     run_jobs(jobs, out / "runs", "chi2023 language models", settings.workers, what="models")
-    ratios, perplexity, positions = [], [], []
+    ratios, perplexity, positions, along = [], [], [], []
     for pe in settings.runs:
-        result = read_trained(out / "runs" / f"lm-{pe}")
+        folder = out / "runs" / f"lm-{pe}"
+        result = read_trained(folder)
+        rows = json.loads((folder / "along.json").read_text())["rows"]
+        along += [{"pos_encoding": pe, **row} for row in rows]
         ratios += _layer_ratios(pe, result)
         perplexity.append(perplexity_row(result.summary, pos_encoding=pe))
         if pe == "none":
@@ -114,15 +159,21 @@ def run(settings: Settings, out: Path) -> None:
     layers.to_parquet(out / "layers.parquet", index=False)
     ppl = pd.DataFrame(perplexity)
     ppl.to_parquet(out / "perplexity.parquet", index=False)
-    write_json(out / "summary.json", {"perplexity": perplexity, "layers": ratios})
+    decay = pd.DataFrame(along)
+    decay.to_parquet(out / "along.parquet", index=False)
+    write_json(out / "summary.json", {"perplexity": perplexity, "layers": ratios, "along": along})
     plots.variance_by_position(
         pd.concat(positions), out / "variance.png", title="Variance of attn_out against position"
     )
-    (out / "summary.md").write_text(summary_text(settings, layers, ppl))
+    plots.decay_along_training(decay, LABELS, out / "along.png")
+    (out / "summary.md").write_text(summary_text(settings, layers, ppl, decay))
 
 
-def summary_text(settings: Settings, layers: pd.DataFrame, ppl: pd.DataFrame) -> str:
-    """``summary.md``: perplexity per encoding, and the NoPE variance decay per layer."""
+def summary_text(
+    settings: Settings, layers: pd.DataFrame, ppl: pd.DataFrame, decay: pd.DataFrame
+) -> str:
+    """``summary.md``: perplexity per encoding, the NoPE variance decay per layer, and the
+    decay along training for every encoding."""
     nope = layers[layers["pos_encoding"] == "none"].pivot(
         index="layer", columns="state", values=["first_over_last", "slope"]
     )
@@ -137,4 +188,16 @@ def summary_text(settings: Settings, layers: pd.DataFrame, ppl: pd.DataFrame) ->
         window=a.seq_len,
         perplexity_table=markdown_table(ppl, ".3f"),
         variance_table=markdown_table(nope.reset_index(), ".3g"),
+        checkpoints=decay["step"].nunique() - 1,
+        along_table=markdown_table(_along_table(decay), ".3g"),
     )
+
+
+def _along_table(decay: pd.DataFrame) -> pd.DataFrame:
+    """First over last per encoding and layer (rows) at each step kept (columns: tokens)."""
+    table = decay.assign(encoding=decay["pos_encoding"].map(LABELS)).pivot(
+        index=["encoding", "layer"], columns="tokens", values="first_over_last"
+    )
+    table = table.reindex([LABELS[pe] for pe in POS_ENCODINGS], level="encoding")
+    table.columns = [f"{tokens / 1e6:.2g} M" for tokens in table.columns]
+    return table.reset_index()

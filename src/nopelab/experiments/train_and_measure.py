@@ -30,7 +30,7 @@ from nopelab.config import (
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.run_files import WrittenAnalysis, read_analysis, write_analysis
 from nopelab.models.transformer import build_model
-from nopelab.training.checkpoint import STATE_FILE
+from nopelab.training.checkpoint import KEPT_FOLDER, STATE_FILE
 from nopelab.training.run import TrainRun, read_run
 from nopelab.training.train import load_trained, make_source, train
 
@@ -44,11 +44,13 @@ def lm_runs(
     seed: int,
     device: str,
     evaluations: int = 4,
+    kept: int = 0,
 ) -> dict[str, TrainRun]:
     """Byte-level language models on the embedded corpus, one per encoding, keyed by it.
 
     ``model`` and ``train_cfg`` hold a scale's ModelConfig and TrainConfig fields; each model is
-    evaluated ``evaluations`` times along training. Every model can take 4x the training
+    evaluated ``evaluations`` times along training, and keeps the weights of ``kept`` evenly
+    spaced checkpoints (:func:`kept_checkpoints`; 0: one checkpoint, at the end). Every model can take 4x the training
     length, so each is evaluated there too; a learned table's rows beyond the training length
     are never trained.
     """
@@ -56,7 +58,8 @@ def lm_runs(
     cfg = TrainConfig(
         **train_cfg,
         eval_every=max(1, steps // evaluations),
-        checkpoint_every=steps,
+        checkpoint_every=max(1, steps // kept) if kept else steps,
+        keep_checkpoints=kept > 0,
         seed=seed,
         device=device,
     )
@@ -68,6 +71,12 @@ def lm_runs(
         )
         for pe in pos_encodings
     }
+
+
+def kept_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """The weights a run kept at its checkpoints (``keep_checkpoints``): (step, file), by step."""
+    files = (folder / KEPT_FOLDER).glob("step-*.safetensors")
+    return sorted((int(file.stem.removeprefix("step-")), file) for file in files)
 
 
 def perplexity_row(summary: dict[str, Any], **labels: Any) -> dict[str, Any]:

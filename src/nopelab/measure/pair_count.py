@@ -408,6 +408,18 @@ class PairCounts(NamedTuple):
     nan: np.ndarray
 
 
+def _threads_as_torch() -> None:
+    """numba on as many threads as PyTorch. With the OpenMP layer both drive one OpenMP pool:
+    starting numba's resizes that pool to numba's default, which would change the thread count
+    (and with it the rounding) of every tensor operation that follows."""
+    import torch
+
+    threads = torch.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+    if torch.get_num_threads() != threads:  # numba's pool has just started
+        torch.set_num_threads(threads)
+
+
 def pair_counts(
     rows: np.ndarray, lengths: np.ndarray, network_max: int = NETWORK_MAX
 ) -> PairCounts:
@@ -422,6 +434,7 @@ def pair_counts(
         raise ValueError(f"network_max must be a power of two in [1, 32768], got {network_max}")
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     R = len(lengths)
+    _threads_as_torch()
     counts = PairCounts(np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.bool_))
     if rows.dtype == np.float32:
         _counts_float32(np.ascontiguousarray(rows), lengths, network_max, *counts)

@@ -6,7 +6,9 @@ A training run directory holds one checkpoint, written as a set:
 * ``optimizer.safetensors`` — the optimiser's per-parameter state, its hyperparameters in the
   file's metadata;
 * ``trainer_state.json`` — the step reached and the SHA-256 of both files, written last, so a
-  file that was truncated, corrupted or swapped by an interrupted save is caught on load.
+  file that was truncated, corrupted or swapped by an interrupted save is caught on load;
+* with ``keep_checkpoints``, ``checkpoints/step-N.safetensors`` — the weights at every
+  checkpoint, kept for analyses along training.
 
 A full disk while saving stops the run in one line (:class:`~nopelab.errors.RunFailed`) that
 names the folder and the space a checkpoint needs; the previous checkpoint stays.
@@ -34,6 +36,7 @@ from nopelab.runtime.rundir import is_disk_full, replaced_together
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "trainer_state.json"
+KEPT_FOLDER = "checkpoints"  # step-N.safetensors: each checkpoint's weights, if kept
 OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors reports a failed write
 
 

@@ -60,10 +60,13 @@ from nopelab.runtime.rundir import (
     locked,
     missing_folders,
     remove_empty,
+    replace_atomically,
     staged_run,
     write_json,
 )
 from nopelab.training.checkpoint import (
+    KEPT_FOLDER,
+    MODEL_FILE,
     STATE_FILE,
     CheckpointError,
     load_checkpoint,
@@ -603,6 +606,10 @@ class Trainer:
             save_checkpoint(
                 self.out, self.model, self.optimizer, {"step": done, "train_seconds": seconds}
             )
+            if self.run.train.keep_checkpoints:
+                kept = self.out / KEPT_FOLDER / f"step-{done}.safetensors"
+                kept.parent.mkdir(exist_ok=True)
+                replace_atomically(kept, lambda tmp: shutil.copyfile(self.out / MODEL_FILE, tmp))
             self.metrics.flush()
             self.evals.flush()
         _barrier()

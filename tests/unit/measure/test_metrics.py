@@ -515,3 +515,20 @@ def test_adjacency_counts_add_up_over_row_blocks() -> None:
     np.testing.assert_array_equal(counts.scores(150).score, whole.score)
     np.testing.assert_array_equal(counts.scores(150).signed, whole.signed)
     assert np.isnan(whole.score[1]) and not np.isnan(whole.score[0])
+
+
+def test_counting_pairs_keeps_numba_on_torch_threads() -> None:
+    """numba and PyTorch share one OpenMP pool, and numba's parallel calls resize it to numba's
+    count: kept at PyTorch's, a one-thread training run after an analysis stays on one thread
+    (tests/e2e: a reproduction in one process gives the numbers of its one-thread workers)."""
+    import numba
+
+    before = torch.get_num_threads(), numba.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)  # numba's default
+        pair_counts(np.random.rand(64, 32).astype(np.float32), np.full(64, 32))
+        assert (torch.get_num_threads(), numba.get_num_threads()) == (1, 1)
+    finally:
+        torch.set_num_threads(before[0])
+        numba.set_num_threads(before[1])
