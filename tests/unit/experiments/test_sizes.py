@@ -1,0 +1,58 @@
+"""haviv2022 --part sizes: its size list is checked, and its gaps and verdicts follow from the
+perplexities (synthetic tables, worked out by hand)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from nopelab.errors import ConfigError
+from nopelab.experiments.haviv2022_sizes import check_sizes, gap_table, size_table, verdicts
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [],
+        [{"d_model": 32, "n_layers": 2}, {"d_model": 32, "n_layers": 2}],
+        [{"d_model": 64, "n_layers": 2}, {"d_model": 32, "n_layers": 3}],
+    ],
+)
+def test_a_size_list_that_is_empty_or_does_not_grow_is_refused(sizes: list) -> None:
+    with pytest.raises(ConfigError, match="sizes"):
+        check_sizes(sizes)
+
+
+def models(perplexity: dict[tuple[int, str, int], float]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {"size": size, "parameters": 1000 * size, "pos_encoding": pe, "seed": seed,
+             "perplexity": value, "tokens_per_parameter": 20.0, "epochs": 1.0}
+            for (size, pe, seed), value in perplexity.items()
+        ]
+    )  # fmt: skip
+
+
+def test_gaps_are_paired_by_size_and_seed_and_the_verdict_follows_the_spread() -> None:
+    frame = models(
+        {
+            (1, "none", 0): 10.0, (1, "none", 1): 12.0,
+            (1, "alibi", 0): 9.0, (1, "alibi", 1): 10.8,  # -10 % at both seeds
+            (1, "learned", 0): 10.0, (1, "learned", 1): 12.6,  # 0 % and +5 %
+            (2, "none", 0): 8.0, (2, "none", 1): 8.0,
+            (2, "alibi", 0): 7.6, (2, "alibi", 1): 7.6,  # -5 %: shrinks beyond the spread
+            (2, "learned", 0): 8.0, (2, "learned", 1): 8.4,  # 0 % and +5 %: no clear change
+        }
+    )  # fmt: skip
+    gaps = gap_table(frame).set_index(["pos_encoding", "size"])
+    assert gaps.loc[("alibi", 1), "gap_percent"] == pytest.approx(-10.0)
+    assert gaps.loc[("alibi", 1), "gap_percent_std"] == pytest.approx(0.0)
+    assert gaps.loc[("learned", 2), "gap_percent"] == pytest.approx(2.5)
+    assert gaps.loc[("learned", 2), "gap"] == pytest.approx(0.2)
+    assert list(gaps.index.get_level_values(0)) == ["learned"] * 2 + ["alibi"] * 2  # model order
+    verdict = verdicts(gap_table(frame))
+    assert verdict["gap_with_size"] == {"learned": "no clear change", "alibi": "shrinks"}
+    assert verdict["learned_minus_nope_percent_at_largest"] == pytest.approx(2.5)
+    table = size_table(frame).set_index(["size", "pos_encoding"])
+    assert table.loc[(1, "none"), "perplexity"] == pytest.approx(11.0)
+    assert table.loc[(1, "none"), "seeds"] == 2
