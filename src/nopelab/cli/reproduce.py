@@ -30,7 +30,7 @@ def reproduce(
         str,
         typer.Option(
             help="smoke | small | medium (zuo2025 trained and probes: Zuo's task lengths, "
-            "~2.5 h on 2 CPU cores; haviv2022 sizes: three seeds) | paper (full sizes, GPU "
+            "~2.5 h on 2 CPU cores; haviv2022 sizes: 18 M tokens per model) | paper (full sizes, GPU "
             "advised)"
         ),
     ] = "small",
