@@ -111,6 +111,7 @@ def _attn_out_variance(d: int, n_heads: int, sigma: float, seeds: int, batch: in
 # 1 % of the full formula in the near-uniform regime and within 2.1 % in the peaked one.
 
 
+@pytest.mark.slow  # Monte Carlo: 12 seeds x 96 sequences
 def test_attn_output_variance_near_uniform_regime():
     d, sigma = 256, 0.02  # τ² = 0.0105: attention is nearly uniform
     measured = _attn_out_variance(d, 4, sigma, seeds=12, batch=96)
@@ -123,6 +124,7 @@ def test_attn_output_variance_near_uniform_regime():
     assert _rel_err(measured, uniform).max() < 0.04
 
 
+@pytest.mark.slow  # Monte Carlo: 12 seeds x 96 sequences
 def test_attn_output_variance_peaked_regime_needs_both_softmax_corrections():
     d, sigma = 256, 0.05  # τ² = 0.41
     tau2 = theory.logit_variance(d, sigma)

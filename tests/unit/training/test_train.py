@@ -296,6 +296,7 @@ def test_bfloat16_run_tracks_the_float32_run(tmp_path: Path) -> None:
     assert half["final_eval"]["loss"] == pytest.approx(full["final_eval"]["loss"], rel=1e-2)
 
 
+@pytest.mark.slow  # torch.compile's first compilation
 def test_compiled_run_matches_eager(tmp_path: Path) -> None:
     """``--compile`` (inductor, here with the CPU C++ backend) trains like the eager model."""
     eager = train(tiny_run(steps=4), tmp_path / "eager", progress=False)
