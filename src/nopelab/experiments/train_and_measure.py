@@ -58,7 +58,7 @@ def lm_runs(
     cfg = TrainConfig(
         **train_cfg,
         eval_every=max(1, steps // evaluations),
-        checkpoint_every=max(1, steps // kept) if kept else steps,
+        checkpoint_every=-(-steps // kept) if kept else steps,  # kept of them, the last at the end
         keep_checkpoints=kept > 0,
         seed=seed,
         device=device,
