@@ -570,6 +570,7 @@ def decay_along_training(decay: pd.DataFrame, labels: dict[str, str], path: Path
                     color=f"C{i}", label=labels.get(pe, pe))  # fmt: skip
         ax.axhline(1, color="grey", lw=0.8)
         ax.set(yscale="log", xlabel="tokens seen (M)", title=f"attn_out, layer {layer}")
+        _plain_log_labels(ax.yaxis)
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("Var at position 1 / Var at the last")
     axes[0][0].legend(fontsize=8)
