@@ -85,10 +85,12 @@ def run_jobs(
     """Run every unfinished job of ``jobs`` into ``root``; return how many are ``done`` (now and
     before), ``failed`` and ``skipped`` (finished before).
 
-    ``workers``: jobs at once on a local Ray cluster of that many CPUs (even a single job left
-    runs there, so its numbers are those of a ``share.threads``-thread run); ``None``: every CPU
-    of the cluster (local, or at ``address``); 1 without ``address``: here, one after another.
-    ``what`` names the jobs in progress lines (``models``, ``cells``).
+    ``workers``: CPUs to use here, each job reserving ``share.cpus`` of them (even a single job
+    left runs in a worker, so its numbers are those of a ``share.threads``-thread run);
+    ``None``: every CPU (here, or of the cluster at ``address``); 1 without ``address``: in
+    this process, one after another. Jobs run in worker processes started here, or as Ray
+    tasks with an ``address`` or a share of a GPU. ``what`` names the jobs in progress lines
+    (``models``, ``cells``).
     """
     keys = [job.key for job in jobs]
     if len(set(keys)) != len(keys):
@@ -111,8 +113,7 @@ def run_jobs(
                     bar.advance(shown)
         return counts
     if address is None and share.gpus == 0:
-        cpus = len(os.sched_getaffinity(0))
-        lanes = workers or max(1, int(cpus // share.cpus))
+        lanes = max(1, int((workers or len(os.sched_getaffinity(0))) // share.cpus))
         _on_processes(todo, root, min(lanes, len(todo)), share, keep_going, progress)
         return counts
     start_ray(address, num_cpus=workers, worker_output=not keep_going)
