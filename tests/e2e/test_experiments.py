@@ -388,6 +388,7 @@ def test_train_into_continues_a_stopped_run_and_reads_a_finished_one(
     assert train_into(run, early)["steps"] == 6
 
 
+@pytest.mark.slow  # trains three curriculum stages
 def test_train_into_runs_a_curriculum_stage_by_stage(tmp_path: Path) -> None:
     """Each stage starts from the one before, as `nopelab train --init-from` would, and a
     finished curriculum is read back, not retrained."""
