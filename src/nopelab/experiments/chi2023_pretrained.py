@@ -84,14 +84,12 @@ def _layer_ratios(pe: str, result: Trained) -> list[dict]:
     for state, analysis in (("init", result.init), ("trained", result.trained)):
         for row in analysis.rows:
             if row["site"] == "attn_out":
-                variance = analysis.variance("attn_out", row["layer"])
                 rows.append(
                     {
                         "pos_encoding": pe,
                         "state": state,
                         "layer": row["layer"],
-                        "first_over_last": float(variance[0] / variance[-1]),
-                        "slope": _loglog_slope(variance),
+                        **_decay(analysis.variance("attn_out", row["layer"])),
                         "norm_score": row["norm_score_mean"],
                         "adjacency": row["adjacency_mean"],
                     }
@@ -116,23 +114,19 @@ def train_and_follow(run: TrainRun, analysis: AnalysisConfig, folder: Path) -> N
 
 
 def _decay_rows(result: CaptureResult, tokens: int, step: int) -> list[dict[str, Any]]:
-    """Per layer: Var(attn_out) at position 1 over the last, and its log-log slope."""
+    """Per layer: the decay of Var(attn_out) (:func:`_decay`)."""
     return [
-        {
-            "step": step,
-            "tokens": tokens,
-            "layer": layer,
-            "first_over_last": float(stats.variance[0] / stats.variance[-1]),
-            "slope": _loglog_slope(stats.variance),
-        }
+        {"step": step, "tokens": tokens, "layer": layer, **_decay(stats.variance)}
         for (_, layer), stats in result.sites.items()
     ]
 
 
-def _loglog_slope(variance: np.ndarray) -> float:
-    """Least-squares slope of log variance against log position (-1 for a 1/m law)."""
+def _decay(variance: np.ndarray) -> dict[str, float]:
+    """Variance at position 1 over the last (``first_over_last``) and the least-squares slope
+    of log variance against log position (``slope``: -1 for a 1/m law)."""
     m = np.arange(1, len(variance) + 1)
-    return float(np.polyfit(np.log(m), np.log(np.maximum(variance, 1e-30)), 1)[0])
+    slope = np.polyfit(np.log(m), np.log(np.maximum(variance, 1e-30)), 1)[0]
+    return {"first_over_last": float(variance[0] / variance[-1]), "slope": float(slope)}
 
 
 def run(settings: Settings, out: Path) -> None:

@@ -134,7 +134,8 @@ def run(settings: Settings, out: Path) -> None:
     for m in settings.models:
         folder = out / "runs" / m.key
         summary = json.loads((folder / "summary.json").read_text())
-        tokens = m.run.train.steps * m.run.train.batch_size * m.run.train.seq_len
+        tokens_per_step = m.run.train.batch_size * m.run.train.seq_len
+        tokens = m.run.train.steps * tokens_per_step
         labels = {
             "size": m.size,
             "parameters": m.parameters,
@@ -155,7 +156,6 @@ def run(settings: Settings, out: Path) -> None:
             }
         )
         evals = pd.read_csv(folder / "eval.csv")
-        tokens_per_step = m.run.train.batch_size * m.run.train.seq_len
         curves += [
             {**labels, "tokens": step * tokens_per_step, "loss": loss}
             for step, loss in zip(evals["step"], evals["loss"], strict=True)

@@ -50,9 +50,9 @@ def lm_runs(
 
     ``model`` and ``train_cfg`` hold a scale's ModelConfig and TrainConfig fields; each model is
     evaluated ``evaluations`` times along training, and keeps the weights of ``kept`` evenly
-    spaced checkpoints (:func:`kept_checkpoints`; 0: one checkpoint, at the end). Every model can take 4x the training
-    length, so each is evaluated there too; a learned table's rows beyond the training length
-    are never trained.
+    spaced checkpoints (:func:`kept_checkpoints`; 0: one checkpoint, at the end). Every model
+    can take 4x the training length, so each is evaluated there too; a learned table's rows
+    beyond the training length are never trained.
     """
     steps, seq_len = train_cfg["steps"], train_cfg["seq_len"]
     cfg = TrainConfig(
