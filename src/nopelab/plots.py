@@ -575,3 +575,38 @@ def decay_along_training(decay: pd.DataFrame, labels: dict[str, str], path: Path
     axes[0][0].set_ylabel("Var at position 1 / Var at the last")
     axes[0][0].legend(fontsize=8)
     _save(fig, path)
+
+
+def probe_study(best: pd.DataFrame, inputs: dict[str, str], path: Path) -> None:
+    """Probe MAE over the baseline against training sequences, from ``best``: one row per input,
+    site, probe, feature set and count (its best layer's). A row of panels per input, a panel
+    per site, a line per probe and feature set (below 1: better than predicting the middle)."""
+    from matplotlib.ticker import NullLocator
+
+    sites = list(dict.fromkeys(best["site"]))
+    kinds = [kind for kind in inputs if kind in set(best["input"])]
+    fig, axes = _pyplot().subplots(
+        len(kinds), len(sites), figsize=(4.2 * len(sites), 3.3 * len(kinds)), squeeze=False,
+        sharey=True, layout="constrained",
+    )  # fmt: skip
+    for row, kind in zip(axes, kinds, strict=True):
+        for ax, site in zip(row, sites, strict=True):
+            panel = best[(best["input"] == kind) & (best["site"] == site)]
+            for i, ((probe, features), line) in enumerate(
+                panel.groupby(["probe", "features"], sort=False)
+            ):
+                ax.plot(
+                    line["samples"], line["mae"] / line["baseline"], marker="o", ms=3,
+                    color=f"C{i}", ls="-" if features == "raw" else "--",
+                    label=f"{probe}, {features}",
+                )  # fmt: skip
+            ax.axhline(1, color="grey", lw=0.8)
+            ax.set(xscale="log", xlabel="training sequences", title=f"{inputs[kind]}: {site}")
+            counts = sorted(best["samples"].unique())
+            ax.set_xticks(counts, [str(c) for c in counts])
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3, which="both")
+        row[0].set_ylabel("MAE / baseline, best layer")
+    axes[0][0].legend(fontsize=7)
+    _save(fig, path)

@@ -20,7 +20,8 @@ def reproduce(
     part: Annotated[
         str | None,
         typer.Option(
-            help="chi2023: random-init | pretrained; zuo2025: random-init | trained | probes | "
+            help="chi2023: random-init | pretrained | probe-study (probes of the random model "
+            "over inputs, sites, probes and training sequences); zuo2025: random-init | trained | probes | "
             "mastery (the trained part's models at three seeds, steps to mastery); "
             "haviv2022: pretrained | sizes (five encodings at three sizes, the gap to NoPE); "
             "real-model: smollm2"
@@ -55,9 +56,16 @@ def reproduce(
             "(same --scale, --seed, --device) instead of training them again"
         ),
     ] = None,
+    samples: Annotated[
+        str | None,
+        typer.Option(
+            help="chi2023 probe-study: counts of training sequences to compare, increasing, "
+            "e.g. 32,256,1024 \\[the scale's]"
+        ),
+    ] = None,
 ) -> None:
     """Reproduce a paper's results at a chosen scale, with figures and a markdown summary."""
-    from nopelab.experiments import EXPERIMENTS, with_reuse
+    from nopelab.experiments import EXPERIMENTS, taking, with_reuse
     from nopelab.runtime.rundir import check_resume, default_out, resumable_run, staged_run
 
     if paper not in EXPERIMENTS:
@@ -85,7 +93,11 @@ def reproduce(
     from nopelab.runtime.device import resolve_device
 
     resolve_device(device)
-    settings = runner.settings(scale, seed, device)  # validates before any output exists
+    options = {"samples": _counts("--samples", samples)} if samples is not None else {}
+    for name in options:
+        if name not in runner.options:
+            raise UserError(f"--{name}: only for {', '.join(taking(name))}")
+    settings = runner.settings(scale, seed, device, **options)  # validates before any output
     if models is not None:
         if runner.reuse_models is None:
             raise UserError(f"--models: only for {', '.join(with_reuse())}")
@@ -95,7 +107,9 @@ def reproduce(
             runner.run(settings, staging)
         typer.echo(f"wrote {out}; see {out / 'summary.md'}")
         return
-    marker = {"paper": paper, "part": part, "scale": scale, "seed": seed, "device": device}
+    marker: dict[str, object] = {
+        "paper": paper, "part": part, "scale": scale, "seed": seed, "device": device, **options
+    }  # fmt: skip
     if models is not None:
         marker["models"] = str(settings.models)
     with resumable_run(out, marker, resume, force, resolve.inputs(models)) as folder:
@@ -119,6 +133,7 @@ def reproduce(
                     str(out),
                     "--resume",
                     *(["--models", str(models)] if models is not None else []),
+                    *(["--samples", samples] if samples is not None else []),
                 ]
             )
             typer.echo(
@@ -126,3 +141,13 @@ def reproduce(
             )
             sys.exit(130)
     typer.echo(f"wrote {out}; see {out / 'summary.md'}")
+
+
+def _counts(flag: str, text: str) -> tuple[int, ...]:
+    """Comma-separated whole numbers, e.g. ``32,256,1024``."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UserError(
+            f"{flag}: expected comma-separated whole numbers like 32,256,1024, got {text!r}"
+        ) from None

@@ -10,6 +10,7 @@ from typing import Any
 from nopelab.experiments import (
     chi2023,
     chi2023_pretrained,
+    chi2023_probe_study,
     haviv2022,
     haviv2022_sizes,
     real_model,
@@ -27,13 +28,15 @@ class Part:
     A resumable part runs its models as jobs (:func:`~nopelab.sweep.runner.run_jobs`) and writes
     into ``--out`` as it goes; ``--resume`` continues it, skipping finished models.
     ``reuse_models(settings, folder)``, where given, takes models from another finished run
-    (``--models``) instead of training them."""
+    (``--models``) instead of training them. ``options`` names the ``reproduce`` flags the part
+    takes beyond the common ones; ``settings`` receives each one given as a keyword."""
 
     settings: Callable[[str, int, str], Any]
     run: Callable[[Any, Path], None]
     resumable: bool = False
     scales: tuple[str, ...] = ("smoke", "small", "paper")
     reuse_models: Callable[[Any, Path], Any] | None = None
+    options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,12 @@ EXPERIMENTS = {
         {
             "random-init": Part(chi2023.settings, chi2023.run),
             "pretrained": Part(chi2023_pretrained.settings, chi2023_pretrained.run, resumable=True),
+            "probe-study": Part(
+                chi2023_probe_study.settings,
+                chi2023_probe_study.run,
+                resumable=True,
+                options=("samples",),
+            ),
         },
         "random-init",
     ),
@@ -91,6 +100,16 @@ EXPERIMENTS = {
         "smollm2",
     ),
 }
+
+
+def taking(option: str) -> list[str]:
+    """The parts that take the ``reproduce`` flag ``--OPTION``, as ``PAPER --part PART``."""
+    return [
+        f"{paper} --part {name}"
+        for paper, e in EXPERIMENTS.items()
+        for name, part in e.parts.items()
+        if option in part.options
+    ]
 
 
 def with_reuse() -> list[str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,39 +164,78 @@ def _pearson(a: Tensor, b: Tensor) -> float:
 
 
 def _ridge(flat, y, mean, std, splits, T, seed):
-    """Closed-form ridge per member; the penalty is picked on 10% of its training sequences."""
+    """Closed-form ridge per member; the penalty is picked on 10% of its training sequences.
+
+    The normal equations are summed chunk by chunk in float64, so the memory is O(F²) whatever
+    the number of tokens."""
+    y = y.double()
     weights = []
     for e, split in enumerate(splits):
         order = split.train[torch.randperm(len(split.train), generator=_gen(seed + e))]
         n_val = max(1, len(order) // 10)
-        fit_tokens, val_tokens = _tokens(order[n_val:], T), _tokens(order[:n_val], T)
-        X = (flat[fit_tokens].double() - mean[e].double()) / std[e].double()
-        y_mean = y[fit_tokens].mean()
-        gram, rhs = X.T @ X, X.T @ (y[fit_tokens] - y_mean)
-        vals, vecs = torch.linalg.eigh(gram)
-        projected = vecs.T @ rhs
-        X_val = (flat[val_tokens].double() - mean[e].double()) / std[e].double()
-        errors = []
-        for alpha in ALPHAS:
-            w = vecs @ (projected / (vals + alpha * len(fit_tokens)))
-            errors.append(float((X_val @ w + y_mean - y[val_tokens]).abs().mean()))
-        alpha = ALPHAS[int(np.argmin(errors))]
-        X_all = torch.cat([X, X_val])
-        y_all = torch.cat([y[fit_tokens], y[val_tokens]])
-        y_mean = y_all.mean()
-        gram = X_all.T @ X_all + alpha * len(y_all) * torch.eye(X.shape[1], dtype=X.dtype)
-        w = torch.linalg.solve(gram, X_all.T @ (y_all - y_mean))
-        weights.append((w, y_mean))
+        rows = _StandardRows(flat, y, mean[e], std[e], T)
+        fit, val = rows.sums(order[n_val:]), rows.sums(order[:n_val])
+        y_mean = fit.y / fit.n
+        vals, vecs = torch.linalg.eigh(fit.gram)
+        projected = vecs.T @ (fit.xy - y_mean * fit.x)
+        candidates = torch.stack([vecs @ (projected / (vals + a * fit.n)) for a in ALPHAS], 1)
+        errors = torch.zeros(len(ALPHAS), dtype=torch.float64)
+        for X, target in rows.chunks(order[:n_val]):
+            errors += (X @ candidates + y_mean - target[:, None]).abs().sum(0)
+        alpha = ALPHAS[int(errors.argmin())]
+        n, y_mean = fit.n + val.n, (fit.y + val.y) / (fit.n + val.n)
+        gram = fit.gram + val.gram + alpha * n * torch.eye(len(fit.gram), dtype=torch.float64)
+        w = torch.linalg.solve(gram, fit.xy + val.xy - y_mean * (fit.x + val.x))
+        weights.append((rows, w, y_mean))
 
     def predict(tokens: Tensor) -> Tensor:
         return torch.stack(
-            [
-                ((flat[tokens[e]].double() - mean[e].double()) / std[e].double()) @ w + b
-                for e, (w, b) in enumerate(weights)
-            ]
+            [rows.standard(tokens[e]) @ w + b for e, (rows, w, b) in enumerate(weights)]
         )
 
     return predict
+
+
+@dataclass(frozen=True)
+class _Sums:
+    """Sums over tokens for the normal equations: XᵀX, Xᵀy, X, y and the token count."""
+
+    gram: Tensor
+    xy: Tensor
+    x: Tensor
+    y: float
+    n: int
+
+
+@dataclass(frozen=True)
+class _StandardRows:
+    """One member's standardised features, read a few sequences at a time."""
+
+    flat: Tensor  # (N * T, F)
+    y: Tensor  # (N * T,) float64
+    mean: Tensor
+    std: Tensor
+    T: int
+
+    def standard(self, tokens: Tensor) -> Tensor:
+        return (self.flat[tokens].double() - self.mean.double()) / self.std.double()
+
+    def chunks(self, sequences: Tensor, size: int = 32) -> Iterator[tuple[Tensor, Tensor]]:
+        for i in range(0, len(sequences), size):
+            tokens = _tokens(sequences[i : i + size], self.T)
+            yield self.standard(tokens), self.y[tokens]
+
+    def sums(self, sequences: Tensor) -> _Sums:
+        F_ = self.flat.shape[1]
+        gram = torch.zeros(F_, F_, dtype=torch.float64)
+        xy, x = torch.zeros(F_, dtype=torch.float64), torch.zeros(F_, dtype=torch.float64)
+        total, n = 0.0, 0
+        for X, target in self.chunks(sequences):
+            gram += X.T @ X
+            xy += X.T @ target
+            x += X.sum(0)
+            total, n = total + float(target.sum()), n + len(target)
+        return _Sums(gram, xy, x, total, n)
 
 
 class Ensemble(nn.Module):
