@@ -309,6 +309,11 @@ def test_reproduce_rejects_unknown_names(tmp_path: Path, capsys, monkeypatch) ->
         (["reproduce", "chi2023", "--scale", "medium"], "--scale"),  # zuo2025 trained/probes
         (["reproduce", "chi2023", "--resume"], "--resume"),
         (["reproduce", "zuo2025", "--part", "trained", "--resume"], "--resume"),  # a folder?
+        (["reproduce", "chi2023", "--samples", "32,256"], "--samples"),  # not this part
+        *(
+            (["reproduce", "chi2023", "--part", "probe-study", "--samples", samples], "--samples")
+            for samples in ("", "256,32", "32,32", "1,8", "8,x", "-4", "100000000")
+        ),
     ):
         assert run_cli([*args, "--out", str(tmp_path / "o")], monkeypatch) == 2
         err = capsys.readouterr().err.strip()

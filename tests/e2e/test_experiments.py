@@ -335,6 +335,8 @@ def test_paper_scale_settings_are_valid(paper: str, part: str) -> None:
             models.append((run.model, {run.train.seq_len, *analysed}))
         elif isinstance(run, RunConfig):
             models.append((run.model, {run.analysis.seq_len}))
+    if isinstance(getattr(settings, "model", None), ModelConfig):  # one frozen model (a study)
+        models.append((settings.model, {settings.seq_len}))
     assert models or paper == "real-model"  # that one loads released weights instead
     for model_cfg, lengths in models:
         with torch.device("meta"):
@@ -465,3 +467,48 @@ def test_haviv2022_sizes_smoke_and_its_resume(
     again = pd.read_parquet(out / "models.parquet")
     timing = ["train_seconds"]
     pd.testing.assert_frame_equal(again.drop(columns=timing), models.drop(columns=timing))
+
+
+@pytest.mark.slow
+def test_chi2023_probe_study_smoke_and_its_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "study"
+    reproduce(["chi2023", "--part", "probe-study", "--out", str(out)], monkeypatch)
+    probes = pd.read_parquet(out / "probes.parquet")
+    cells = probes.groupby(["input", "site", "layer", "features", "probe", "samples"]).size()
+    assert len(cells) == 2 * 2 * 2 * 3 * 2 * 2 and (cells == 1).all()  # every cell, once
+    T, d, sigma = 32, 32, 0.02
+    assert probes["baseline"].between(0.9 * T / 4, 1.1 * T / 4).all()  # predict the middle
+    # the position signal rides on the input: ‖x‖² ≈ d for N(0, 1) vectors, ≈ dσ² for token
+    # embeddings N(0, σ²); layer 1's attention output starts at ≈ d³σ⁴ whatever the input
+    norms = pd.read_parquet(out / "norms.parquet").set_index(["input", "position"])
+    assert norms.loc["random", "input_norm2"].mean() == pytest.approx(d, rel=0.05)
+    assert norms.loc["text", "input_norm2"].mean() == pytest.approx(d * sigma**2, rel=0.3)
+    for kind in ("random", "text"):
+        first = norms.loc[(kind, 1), "attn_out_norm2"]
+        assert first == pytest.approx(d**3 * sigma**4, rel=0.5)
+        assert norms.loc[(kind, T), "attn_out_norm2"] < first / 4  # it shrinks with position
+    # the log-variance of layer 1's attention output reads position (Chi et al.'s signal; at
+    # smoke scale the MLP's 3 epochs are too few, ridge gets it)
+    layer1 = probes[(probes["site"] == "attn_out") & (probes["layer"] == 1)]
+    variance = layer1[(layer1["features"] == "variance") & (layer1["samples"] == 16)]
+    ridge = variance[variance["probe"] == "linear-reg"]
+    assert len(ridge) == 2 and (ridge["mae"] < 0.7 * ridge["baseline"]).all()
+    summary = json.loads((out / "summary.json").read_text())
+    assert {(f["input"], f["site"]) for f in summary["findings"]} == {
+        (kind, site) for kind in ("random", "text") for site in ("attn_out", "resid_post")
+    }
+    text = (out / "summary.md").read_text()
+    assert "| random | attn_out | mlp-reg | " in text and "16 sequences" in text
+    assert (out / "study.png").stat().st_size > 0
+
+    # interrupted after one input: --resume collects and probes only the other, to the same rows
+    shutil.rmtree(out / "inputs" / "text")
+    for name in ("probes.parquet", "summary.json", "summary.md"):
+        (out / name).unlink()
+    kept = (out / "inputs" / "random" / "probes.parquet").stat().st_mtime_ns
+    reproduce(["chi2023", "--part", "probe-study", "--out", str(out), "--resume"], monkeypatch)
+    assert (out / "inputs" / "random" / "probes.parquet").stat().st_mtime_ns == kept
+    again = pd.read_parquet(out / "probes.parquet")
+    pd.testing.assert_frame_equal(again.drop(columns="seconds"), probes.drop(columns="seconds"))

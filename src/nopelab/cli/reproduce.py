@@ -31,8 +31,8 @@ def reproduce(
         str,
         typer.Option(
             help="smoke | small | medium (zuo2025 trained and probes: Zuo's task lengths, "
-            "~2.5 h on 2 CPU cores; haviv2022 sizes: 18 M tokens per model) | paper (full sizes, GPU "
-            "advised)"
+            "~2.5 h on 2 CPU cores; the language models of chi2023 pretrained and haviv2022: 18 M "
+            "tokens per model) | paper (full sizes, GPU advised)"
         ),
     ] = "small",
     seed: Annotated[int, typer.Option(help="Seed for weights and inputs")] = 0,

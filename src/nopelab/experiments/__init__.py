@@ -51,7 +51,12 @@ EXPERIMENTS = {
     "chi2023": Experiment(
         {
             "random-init": Part(chi2023.settings, chi2023.run),
-            "pretrained": Part(chi2023_pretrained.settings, chi2023_pretrained.run, resumable=True),
+            "pretrained": Part(
+                chi2023_pretrained.settings,
+                chi2023_pretrained.run,
+                resumable=True,
+                scales=WITH_MEDIUM,
+            ),
             "probe-study": Part(
                 chi2023_probe_study.settings,
                 chi2023_probe_study.run,
@@ -85,7 +90,9 @@ EXPERIMENTS = {
     ),
     "haviv2022": Experiment(
         {
-            "pretrained": Part(haviv2022.settings, haviv2022.run, resumable=True),
+            "pretrained": Part(
+                haviv2022.settings, haviv2022.run, resumable=True, scales=WITH_MEDIUM
+            ),
             "sizes": Part(
                 haviv2022_sizes.settings,
                 haviv2022_sizes.run,
