@@ -610,3 +610,18 @@ def probe_study(best: pd.DataFrame, inputs: dict[str, str], path: Path) -> None:
         row[0].set_ylabel("MAE / baseline, best layer")
     axes[0][0].legend(fontsize=7)
     _save(fig, path)
+
+
+def loss_by_position(frame: pd.DataFrame, path: Path, train_len: int, title: str = "") -> None:
+    """Held-out loss against position (log scale, each bucket at its geometric middle), a line
+    per multiple of the training length, the training length dashed."""
+    fig, ax = _pyplot().subplots(figsize=(6.4, 3.8), layout="constrained")
+    for i, (factor, rows) in enumerate(frame.groupby("length_factor", sort=True)):
+        middle = np.sqrt(rows["bucket_start"].to_numpy() * rows["bucket_end"].to_numpy())
+        ax.plot(middle, rows["loss"], marker="o", ms=3, lw=1.2, color=f"C{i}", label=f"{factor}x")
+    ax.axvline(train_len, color="grey", ls="--", lw=1, label=f"training length {train_len}")
+    ax.set(xscale="log", xlabel="position", ylabel="loss (nats per token)", title=title)
+    _plain_log_labels(ax.xaxis)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    _save(fig, path)

@@ -4,6 +4,7 @@ dataclasses (:mod:`nopelab.cli.options`)."""
 from nopelab.cli import (  # noqa: F401  (importing a command module registers the command)
     analyze,
     compare_signals,
+    evaluate,
     export,
     intervene,
     probe,
