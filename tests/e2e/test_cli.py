@@ -314,6 +314,11 @@ def test_reproduce_rejects_unknown_names(tmp_path: Path, capsys, monkeypatch) ->
             (["reproduce", "chi2023", "--part", "probe-study", "--samples", samples], "--samples")
             for samples in ("", "256,32", "32,32", "1,8", "8,x", "-4", "100000000")
         ),
+        (["reproduce", "chi2023", "--part", "pretrained", "--sizes", "24x2"], "--sizes"),
+        *(
+            (["reproduce", "haviv2022", "--part", "sizes", "--sizes", sizes], "--sizes")
+            for sizes in ("", "48x2,24x2", "24x2,24x2", "24", "24x2x5", "ax2", "0x2")
+        ),
     ):
         assert run_cli([*args, "--out", str(tmp_path / "o")], monkeypatch) == 2
         err = capsys.readouterr().err.strip()

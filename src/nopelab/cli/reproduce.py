@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -63,6 +63,13 @@ def reproduce(
             "e.g. 32,256,1024 \\[the scale's]"
         ),
     ] = None,
+    sizes: Annotated[
+        str | None,
+        typer.Option(
+            help="haviv2022 sizes: model sizes D_MODELxLAYERS[xHEADS] (2 heads unless given), "
+            "smallest first, e.g. 24x2,48x2,80x3x4 \\[the scale's]"
+        ),
+    ] = None,
 ) -> None:
     """Reproduce a paper's results at a chosen scale, with figures and a markdown summary."""
     from nopelab.experiments import EXPERIMENTS, taking, with_reuse
@@ -93,7 +100,11 @@ def reproduce(
     from nopelab.runtime.device import resolve_device
 
     resolve_device(device)
-    options = {"samples": _counts("--samples", samples)} if samples is not None else {}
+    options: dict[str, Any] = {}
+    if samples is not None:
+        options["samples"] = _counts("--samples", samples)
+    if sizes is not None:
+        options["sizes"] = _sizes("--sizes", sizes)
     for name in options:
         if name not in runner.options:
             raise UserError(f"--{name}: only for {', '.join(taking(name))}")
@@ -134,6 +145,7 @@ def reproduce(
                     "--resume",
                     *(["--models", str(models)] if models is not None else []),
                     *(["--samples", samples] if samples is not None else []),
+                    *(["--sizes", sizes] if sizes is not None else []),
                 ]
             )
             typer.echo(
@@ -151,3 +163,25 @@ def _counts(flag: str, text: str) -> tuple[int, ...]:
         raise UserError(
             f"{flag}: expected comma-separated whole numbers like 32,256,1024, got {text!r}"
         ) from None
+
+
+def _sizes(flag: str, text: str) -> list[dict[str, int]]:
+    """``24x2,80x3x4`` → model sizes (d_model, n_layers, n_heads; 2 heads unless given)."""
+    sizes = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            numbers = [int(n) for n in part.lower().split("x")]
+        except ValueError:
+            numbers = []
+        if len(numbers) not in (2, 3) or min(numbers) < 1:
+            raise UserError(
+                f"{flag}: expected sizes like 24x2,48x2,80x3x4 (d_model x layers [x heads]), "
+                f"got {part!r}"
+            )
+        d_model, n_layers, n_heads = (*numbers, 2)[:3]
+        if d_model % n_heads:
+            raise UserError(
+                f"{flag}: {part}: d_model {d_model} is not divisible by {n_heads} heads"
+            )
+        sizes.append({"d_model": d_model, "n_layers": n_layers, "n_heads": n_heads})
+    return sizes

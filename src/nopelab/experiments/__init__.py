@@ -98,6 +98,7 @@ EXPERIMENTS = {
                 haviv2022_sizes.run,
                 resumable=True,
                 scales=("smoke", "small", "medium"),
+                options=("sizes",),
             ),
         },
         "pretrained",

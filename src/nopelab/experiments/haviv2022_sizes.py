@@ -97,14 +97,18 @@ def parameter_count(model: ModelConfig) -> int:
         return sum(p.numel() for p in Transformer(model).parameters())
 
 
-def settings(scale: str, seed: int, device: str) -> Settings:
+def settings(
+    scale: str, seed: int, device: str, sizes: list[dict[str, int]] | None = None
+) -> Settings:
+    """The scale's models; ``sizes`` (``--sizes``) replaces its list of sizes."""
     s = SCALES[scale]
     resolve_device(device)
-    check_sizes(s["sizes"])
+    sizes = s["sizes"] if sizes is None else sizes
+    check_sizes(sizes)
     train = s["train"]
     tokens_per_step = train["batch_size"] * train["seq_len"]
     models = []
-    for index, size in enumerate(s["sizes"], 1):
+    for index, size in enumerate(sizes, 1):
         nope = next(iter(lm_runs(("none",), size, {**train, "steps": 1}, seed, device).values()))
         parameters = parameter_count(nope.model)
         tokens = max(s["tokens_per_parameter"] * parameters, s["min_tokens"])
@@ -119,11 +123,13 @@ def settings(scale: str, seed: int, device: str) -> Settings:
 def check_sizes(sizes: list[dict[str, int]]) -> None:
     """At least one size, each larger than the one before (in width or depth)."""
     if not sizes:
-        raise ConfigError("sizes", "give at least one model size")
+        raise ConfigError("--sizes", "give at least one model size, e.g. 24x2,48x2,80x3x4")
     shapes = [(size.get("d_model", 0), size.get("n_layers", 0)) for size in sizes]
     for before, after in itertools.pairwise(shapes):
         if not (after[0] >= before[0] and after[1] >= before[1] and after != before):
-            raise ConfigError("sizes", f"must grow from one size to the next, got {shapes}")
+            raise ConfigError(
+                "--sizes", f"must grow from one size to the next (d_model, layers), got {shapes}"
+            )
 
 
 def run(settings: Settings, out: Path) -> None:
