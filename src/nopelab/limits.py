@@ -18,9 +18,12 @@ from nopelab.errors import ConfigError, UserError
 GIB = 2**30
 WEIGHTS = "--layers, --d-model or --vocab-size"
 STATS = "--seq-len or --sites"
-# per element of a T x T matrix: a float64 sum per site and layer (12 with its reduction), and
-# what turning the sums into results, tables and figures takes once (64)
-SITE_MATRIX, REPORT_MATRICES = 12, 64
+# per element of the kept cosine matrix (T x T up to 1024 positions, block means beyond): a
+# float64 sum per site and layer (12 with its reduction), and what turning the sums into
+# results, tables and figures takes once (64); per position, the float64 vectors of a site and
+# layer (64); per similarity of a row block: float32, its float64 copies by distance, the pair
+# counting's sort (32)
+SITE_MATRIX, REPORT_MATRICES, SITE_VECTORS, ROW_BLOCK = 12, 64, 64, 32
 
 
 def available_memory() -> int:
@@ -39,7 +42,7 @@ def parameter_count(cfg: ModelConfig) -> int:
     d, hidden = cfg.d_model, cfg.mlp_ratio * cfg.d_model
     bias = int(cfg.bias)
     norm = d * (1 + (bias if cfg.norm == "layernorm" else 0))
-    attention = 4 * d * d + 4 * d * bias
+    attention = 4 * d * d + 4 * d * bias + (cfg.n_heads if cfg.head_scales else 0)
     if cfg.mlp == "swiglu":
         mlp = 3 * d * hidden + (2 * hidden + d) * bias
     else:
@@ -80,9 +83,19 @@ def check_analysis(cfg: ModelConfig, analysis: AnalysisConfig, statistics: bool 
 
 
 def statistics_bytes(analysis: AnalysisConfig, n_layers: int) -> int:
-    """The T x T statistics of every site and layer, and their reduction into a report."""
+    """The statistics' state of every site and layer (the kept cosine matrix, at most
+    ``MAX_MATRIX`` on a side, and a few vectors of T), one batch's row block of similarities
+    with its pair counting, and the reduction of the kept matrices into a report."""
+    from nopelab.measure.metrics import BLOCK_ELEMENTS
+    from nopelab.measure.stats import matrix_block
+
+    T = analysis.seq_len
+    side = -(-T // matrix_block(T))
     site_layers = sum(1 if site == "embed" else n_layers for site in analysis.sites)
-    return (SITE_MATRIX * site_layers + REPORT_MATRICES) * analysis.seq_len**2
+    rows = min(T, max(64, min(-(-T // 8), BLOCK_ELEMENTS // T)))
+    block = ROW_BLOCK * analysis.batch_size * rows * T
+    vectors = SITE_VECTORS * site_layers * T
+    return (SITE_MATRIX * site_layers + REPORT_MATRICES) * side**2 + vectors + block
 
 
 def check_statistics(analysis: AnalysisConfig, n_layers: int) -> None:
@@ -94,20 +107,37 @@ def check_statistics(analysis: AnalysisConfig, n_layers: int) -> None:
 def check_training(cfg: ModelConfig, batch_size: int, seq_len: int) -> None:
     """Refuse a training run whose weights, gradients and AdamW state (16 bytes a parameter)
     or whose activations kept for the backward pass would not fit."""
-    tokens = batch_size * seq_len
-    kept = cfg.n_layers * tokens * cfg.d_model * (10 + 3 * cfg.mlp_ratio)
-    logits = 3 * tokens * cfg.vocab_size  # logits, their softmax and its gradient
     _check(
         "training",
         {
             "weights and optimiser": (16 * parameter_count(cfg), WEIGHTS),
             "activations": (
-                4 * (kept + logits)
-                + forward_bytes(cfg, batch_size, seq_len, cfg.pos_encoding == "alibi"),
+                backward_bytes(cfg, batch_size, seq_len),
                 "--batch-size, --seq-len or --layers",
             ),
         },
     )
+
+
+def check_head_scales(cfg: ModelConfig, batch_size: int, seq_len: int) -> None:
+    """Refuse training the head scales of a frozen model (its weights, and the activations the
+    backward pass to every layer's queries keeps) where it would not fit."""
+    _check(
+        "training the head scales",
+        {
+            "weights": (4 * parameter_count(cfg), "run"),  # the run's model
+            "activations": (backward_bytes(cfg, batch_size, seq_len), "--batch-size or --length"),
+        },
+    )
+
+
+def backward_bytes(cfg: ModelConfig, batch_size: int, seq_len: int) -> int:
+    """The activations a training step keeps for its backward pass, with its logits."""
+    tokens = batch_size * seq_len
+    kept = cfg.n_layers * tokens * cfg.d_model * (10 + 3 * cfg.mlp_ratio)
+    logits = 3 * tokens * cfg.vocab_size  # logits, their softmax and its gradient
+    scores = cfg.pos_encoding == "alibi"
+    return 4 * (kept + logits) + forward_bytes(cfg, batch_size, seq_len, scores)
 
 
 def check_tokenizer(text_bytes: int, vocab_size: int) -> None:

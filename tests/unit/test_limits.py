@@ -51,12 +51,18 @@ def test_estimates_grow_with_what_they_count(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(limits, "_check", record)
     model = ModelConfig(d_model=32, n_layers=2, n_heads=2)
-    for seq_len, sites in ((1024, ("embed",)), (2048, ("embed",)), (2048, ("embed", "attn_out"))):
+    for seq_len, sites in ((512, ("embed",)), (1024, ("embed",)), (1024, ("embed", "attn_out"))):
         limits.check_analysis(model, AnalysisConfig(seq_len=seq_len, sites=sites))
     assert needs[0] < needs[1] < needs[2]
-    # doubling T quadruples the statistics: the T x T terms dominate at this size
+    # up to 1024 positions doubling T quadruples the statistics: the T x T sums dominate
     statistics = [n - 4 * limits.parameter_count(model) for n in needs[:2]]
     assert 3 < statistics[1] / statistics[0] <= 4
+    needs.clear()
+    # beyond, the kept matrix stops growing: memory is linear in T (a constant, then the
+    # activations and the per-position vectors), so doubling T again doubles the increase
+    for seq_len in (8192, 16384, 32768):
+        limits.check_analysis(model, AnalysisConfig(seq_len=seq_len, batch_size=1))
+    assert (needs[2] - needs[1]) / (needs[1] - needs[0]) == pytest.approx(2, rel=0.05)
     needs.clear()
     for layers in (2, 4):
         limits.check_training(ModelConfig(d_model=32, n_layers=layers, n_heads=2), 8, 64)
@@ -78,7 +84,7 @@ def test_a_model_that_does_not_fit_is_refused(monkeypatch: pytest.MonkeyPatch) -
     [
         (["analyze", "--layers", "1000000000"], "--layers, --d-model or --vocab-size: analysing"),
         (["analyze", "--d-model", "1000000000", "--heads", "1"], "--layers, --d-model or"),
-        (["analyze", "--seq-len", "2000000"], "--seq-len or --sites: analysing needs about"),
+        (["analyze", "--seq-len", "2000000"], "--batch-size or --seq-len: analysing needs"),
         (["probe", "--layers", "1000000000"], "--layers, --d-model or --vocab-size: analysing"),
         (["train", "--task", "add", "--layers", "100000"], "training needs about"),
         (["train", "--task", "add", "--seq-len", "1000000"], "--batch-size, --seq-len or"),

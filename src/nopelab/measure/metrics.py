@@ -32,6 +32,7 @@ from torch import Tensor
 from nopelab.measure.pair_count import pair_counts, weighted_pair_counts
 
 EPS = 1e-12
+BLOCK_ELEMENTS = 2**22  # similarities per sample in one row block (16 MB of float32)
 
 
 def position_variance(h: Tensor) -> Tensor:
@@ -62,13 +63,14 @@ def cosine_row_blocks(
 
     Yields ``(start, block)`` with ``block = S[:, start:stop, :stop]``, shape (B, stop - start,
     stop): cosine similarity is symmetric, so a row block needs only the columns up to its end,
-    about (k + 1) / 2k of the full product for k blocks (here 8, of at least ``min_block`` rows).
+    about (k + 1) / 2k of the full product for k blocks (here 8, of at least ``min_block`` rows,
+    fewer rows where a block would exceed :data:`BLOCK_ELEMENTS` per sample: long contexts).
     Each block is a fresh contiguous tensor: nothing of size T x T is allocated or copied.
     ``norms`` (B, T), if given, are ``h``'s norms, already computed.
     """
     unit = _unit(h, norms)
     T = unit.shape[-2]
-    block = max(min_block, -(-T // 8))
+    block = max(min_block, min(-(-T // 8), BLOCK_ELEMENTS // T))
     for start in range(0, T, block):
         stop = min(start + block, T)
         yield start, unit[..., start:stop, :] @ unit[..., :stop, :].transpose(-2, -1)
@@ -200,3 +202,31 @@ def cosine_by_distance(mean_cosine: np.ndarray) -> np.ndarray:
     i, j = np.tril_indices(T)
     sums = np.bincount(i - j, weights=mean_cosine[i, j], minlength=T)
     return sums / np.arange(T, 0, -1)  # T - k entries on sub-diagonal k
+
+
+def distance_sums(block: Tensor, start: int) -> Tensor:
+    """Sums of a lower-triangle row block by distance: ``block`` (R, C) holds S[i, j] for rows
+    i = start..start+R-1 and columns j = 0..C-1, C = start + R (as :func:`cosine_row_blocks`
+    gives it, summed over samples); entry k of the result (C,) sums S[i, i - k] over its rows.
+
+    The rows are skewed so that each distance is a column (row r shifted by r after reversing
+    it), through a strided view of one padded copy: O(R C) time and memory, no index tensors.
+    """
+    R, C = block.shape
+    L = C + R
+    padded = torch.nn.functional.pad(block.flip(-1), (0, R))  # (R, L), row r: S[i, C-1-c]
+    skewed = padded.flatten().as_strided((R, L - 1), (L - 1, 1))  # [r, e]: distance e - R + 1
+    return skewed.sum(0)[R - 1 :]
+
+
+def block_sums(lower: Tensor, start: int, block: int, out: Tensor) -> None:
+    """Add a row block of the lower triangle (R, C), rows from ``start``, into ``out``: the
+    sums over ``block`` x ``block`` squares of positions (K, K); entries above the diagonal
+    (columns j > i) are left out."""
+    R, C = lower.shape
+    kept = lower.tril(start)  # j <= start + r
+    columns = -(-C // block)
+    kept = torch.nn.functional.pad(kept, (0, columns * block - C))
+    by_column = kept.view(R, columns, block).sum(-1).to(out.dtype)  # (R, columns)
+    rows = torch.arange(start, start + R, device=lower.device) // block
+    out[:, :columns].index_add_(0, rows, by_column)

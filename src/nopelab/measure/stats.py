@@ -3,7 +3,9 @@
 :class:`SiteStats` takes one site's activations (B, T, d) and folds them into fixed-size sums:
 per-position variance and norm, the summed cosine matrix, and running moments of the
 per-sample adjacency and norm scores (the plain norm score and Zuo et al.'s pooled one, both
-from the per-sample norms). :class:`AttentionStats` does the same for one layer's attention
+from the per-sample norms). Up to :data:`MAX_MATRIX` positions the cosine matrix is kept whole;
+beyond, as sums over squares of positions (at most ``MAX_MATRIX`` x ``MAX_MATRIX``, for figures)
+beside the cosine by distance summed on the fly, so that the state is O(T) per site whatever T. :class:`AttentionStats` does the same for one layer's attention
 probabilities (entropy per query position) and scaled logits (their spread).
 """
 
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 import torch
@@ -20,13 +21,22 @@ from torch import Tensor
 from nopelab.measure.metrics import (
     AdjacencyCounts,
     adjacency_counts,
+    block_sums,
     cosine_by_distance,
     cosine_row_blocks,
+    distance_sums,
     norm_score,
     norm_score_zuo,
     position_variance,
     symmetric_from_lower,
 )
+
+MAX_MATRIX = 1024  # the kept mean cosine matrix has at most this many rows
+
+
+def matrix_block(seq_len: int, max_matrix: int = MAX_MATRIX) -> int:
+    """Positions per side of the squares the kept cosine matrix averages over (1: all of it)."""
+    return -(-seq_len // max_matrix)
 
 
 class RunningMoments:
@@ -60,27 +70,35 @@ class SiteResult:
     samples: int
     variance: np.ndarray  # (T,) mean per-position variance across hidden dimensions
     norm: np.ndarray  # (T,) mean per-position L2 norm
-    cosine: np.ndarray  # (T, T) mean self-cosine-similarity matrix
+    cosine: np.ndarray  # (K, K) mean self-cosine similarity over squares of `block` positions
+    cosine_by_distance: np.ndarray  # (T,) mean cosine similarity against distance, 0..T-1
     adjacency: RunningMoments
     adjacency_signed: RunningMoments
     norm_score: RunningMoments
     norm_signed: RunningMoments
     norm_score_zuo: RunningMoments  # Zuo et al.'s pooled norm score (metrics.norm_score_zuo)
+    block: int = 1  # positions per side of `cosine`'s squares (1: the whole T x T matrix)
 
-    @cached_property
-    def cosine_by_distance(self) -> np.ndarray:
-        """Mean cosine similarity against distance, 0..T-1 (computed once, on first use)."""
-        return cosine_by_distance(self.cosine)
+
+def _zeros(shape: tuple[int, ...], device: torch.device | str) -> Tensor:
+    return torch.zeros(shape, dtype=torch.float64, device=device)
 
 
 class SiteStats:
     """Accumulates the statistics of one site from (B, T, d) activation batches."""
 
-    def __init__(self, seq_len: int, device: torch.device | str = "cpu"):
+    def __init__(
+        self, seq_len: int, device: torch.device | str = "cpu", max_matrix: int = MAX_MATRIX
+    ):
         self.samples = 0
-        self.variance_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
-        self.norm_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
-        self.cosine_sum = torch.zeros(seq_len, seq_len, dtype=torch.float64, device=device)
+        self.variance_sum = _zeros((seq_len,), device)
+        self.norm_sum = _zeros((seq_len,), device)
+        self.block = matrix_block(seq_len, max_matrix)
+        side = -(-seq_len // self.block)
+        self.cosine_sum = _zeros((side, side), device)  # the lower triangle, summed per square
+        if self.block > 1:  # what the whole matrix would otherwise give at the end
+            self.distance_sum = _zeros((seq_len,), device)
+            self.diagonal_sum = _zeros((side,), device)
         self.adjacency, self.adjacency_signed = RunningMoments(), RunningMoments()
         self.norm_score, self.norm_signed = RunningMoments(), RunningMoments()
         self.norm_score_zuo = RunningMoments()
@@ -96,8 +114,15 @@ class SiteStats:
         # The cosine matrix's lower triangle, a row block at a time: all that the scores read.
         counts = AdjacencyCounts.zeros(B)
         for start, block in cosine_row_blocks(h, norms=norms):  # (B, rows, stop)
-            stop = block.shape[-1]
-            self.cosine_sum[start:stop, :stop] += block.sum(0)
+            stop, summed = block.shape[-1], block.sum(0)
+            if self.block == 1:
+                self.cosine_sum[start:stop, :stop] += summed
+            else:
+                block_sums(summed, start, self.block, self.cosine_sum)
+                self.distance_sum[:stop] += distance_sums(summed.double(), start)
+                diagonal = summed.diagonal(start).double()  # S[i, i]: 1, or 0 for a zero vector
+                rows = torch.arange(start, stop, device=h.device) // self.block
+                self.diagonal_sum.index_add_(0, rows, diagonal)
             counts += adjacency_counts(block, start)
         adjacency, by_norm = counts.scores(T), norm_score(norms)
         self.adjacency.update(adjacency.score)
@@ -112,16 +137,30 @@ class SiteStats:
 
     def result(self) -> SiteResult:
         n = max(self.samples, 1)
+        T = len(self.norm_sum)
+        if self.block == 1:
+            cosine = (symmetric_from_lower(self.cosine_sum) / n).cpu().numpy()
+            by_distance = cosine_by_distance(cosine)
+        else:  # each square's sum: its lower part, mirrored, its diagonal once
+            lower = self.cosine_sum.tril()
+            sums = lower + lower.T - torch.diag(self.diagonal_sum)
+            sizes = torch.full_like(self.diagonal_sum, float(self.block))
+            sizes[-1] = T - self.block * (len(sums) - 1)
+            cosine = (sums / (n * sizes[:, None] * sizes[None, :])).cpu().numpy()
+            pairs = torch.arange(T, 0, -1, dtype=torch.float64, device=self.distance_sum.device)
+            by_distance = (self.distance_sum / (n * pairs)).cpu().numpy()  # T - k pairs at k
         return SiteResult(
             samples=self.samples,
             variance=(self.variance_sum / n).cpu().numpy(),
             norm=(self.norm_sum / n).cpu().numpy(),
-            cosine=(symmetric_from_lower(self.cosine_sum) / n).cpu().numpy(),
+            cosine=cosine,
+            cosine_by_distance=by_distance,
             adjacency=self.adjacency,
             adjacency_signed=self.adjacency_signed,
             norm_score=self.norm_score,
             norm_signed=self.norm_signed,
             norm_score_zuo=self.norm_score_zuo,
+            block=self.block,
         )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,7 @@ import torch
 from nopelab.config import SITES, AnalysisConfig, ModelConfig
 from nopelab.measure.analysis import analyze_model, input_batches
 from nopelab.measure.capture import site_modules
-from nopelab.measure.stats import RunningMoments
+from nopelab.measure.stats import RunningMoments, SiteStats
 from nopelab.models.transformer import build_model
 
 
@@ -127,3 +129,30 @@ def test_attention_entropy_and_logit_spread() -> None:
     np.testing.assert_allclose(attention.uniform_entropy, np.log(np.arange(1, 33)))
     np.testing.assert_allclose(attention.entropy, attention.uniform_entropy, atol=1e-5)
     assert attention.logit_variance[1:].max() < 1e-6
+
+
+@pytest.mark.parametrize(("T", "max_matrix"), [(13, 5), (13, 4), (40, 7), (64, 8)])
+def test_long_context_state_equals_the_whole_matrix(T: int, max_matrix: int) -> None:
+    """Past ``max_matrix`` positions the cosine is kept as block means and summed by distance on
+    the fly: the same numbers as reducing the whole T x T matrix."""
+    whole, bounded = SiteStats(T), SiteStats(T, max_matrix=max_matrix)
+    generator = torch.Generator().manual_seed(T)
+    for _ in range(3):
+        h = torch.randn(2, T, 8, generator=generator).cumsum(1)  # neighbours alike
+        h[0, 3] = 0  # a zero vector: cosine 0, itself included
+        whole.update(h)
+        bounded.update(h)
+    a, b = whole.result(), bounded.result()
+    block = -(-T // max_matrix)
+    assert b.block == block and a.block == 1 and b.cosine.shape == (-(-T // block),) * 2
+    np.testing.assert_allclose(b.cosine_by_distance, a.cosine_by_distance, rtol=1e-6, atol=1e-9)
+    edges = [*range(0, T, block), T]
+    means = [
+        [a.cosine[i0:i1, j0:j1].mean() for j0, j1 in itertools.pairwise(edges)]
+        for i0, i1 in itertools.pairwise(edges)
+    ]
+    np.testing.assert_allclose(b.cosine, np.array(means), rtol=1e-6, atol=1e-9)
+    for name in ("variance", "norm"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    for name in ("adjacency", "norm_score", "norm_score_zuo"):
+        assert getattr(a, name).mean == getattr(b, name).mean
