@@ -214,6 +214,14 @@ class ModelConfig:
         (), "1-based layers whose attention skips rope/alibi, e.g. 2,4", shown="none"
     )
     rope_theta: float = setting(10000.0, "RoPE base")
+    logit_scale: float = setting(
+        1.0,
+        "Factor on the 1/sqrt(head_dim) scale of the attention logits (Wang et al.'s "
+        "λ sqrt(head_dim))",
+    )
+    head_scales: bool = setting(
+        False, "Each head's logits get their own learnable factor, initialised to --logit-scale"
+    )
     bidirectional: bool = setting(False, "Attention mask", flag="--bidirectional/--causal")
     norm: Norm = setting("layernorm", "Normalisation")
     norm_position: NormPosition = setting("pre", "Norm before (pre-LN) or after each sublayer")
@@ -244,6 +252,7 @@ class ModelConfig:
         check_positive("init_std", self.init_std)
         check_positive("norm_eps", self.norm_eps)
         check_positive("rope_theta", self.rope_theta)
+        check_positive("logit_scale", self.logit_scale)
         if not 0 <= self.dropout < 1:
             raise ConfigError("dropout", f"must be in [0, 1), got {self.dropout!r}")
         for layer in self.nope_layers:

@@ -6,6 +6,7 @@ from nopelab.cli import (  # noqa: F401  (importing a command module registers t
     compare_signals,
     evaluate,
     export,
+    headscale,
     intervene,
     probe,
     report,

@@ -11,6 +11,9 @@ The native configuration picks the architecture whose forward pass computes the 
   nope_layers; SmolLM3's ``no_rope_layers`` holds 1 for a layer that applies RoPE, 0 for NoPE.
 
 Every export is pre-LN and causal. Anything else is a :class:`~nopelab.errors.ConfigError`.
+Hugging Face attention scales the logits by 1/sqrt(head_dim) alone: a ``logit_scale`` or
+``head_scales`` is folded into the query projection's rows (q·k is linear in q, RoPE rotates q
+linearly), so the exported model computes the same function without knowing of it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from nopelab.config import ModelConfig
 from nopelab.errors import ConfigError
 from nopelab.models.transformer import (
     MLP,
+    Attention,
     Block,
     LearnedPositionalEmbedding,
     SwiGLU,
@@ -123,6 +127,15 @@ def hf_config(cfg: ModelConfig) -> transformers.PreTrainedConfig:
     )
 
 
+def _qkv(attn: Attention) -> tuple[Tensor, Tensor | None]:
+    """The fused q, k, v projection's weight and bias, each head's logit factor folded into its
+    query rows."""
+    weight, bias = attn.qkv.weight, attn.qkv.bias
+    queries = attn.logit_scales().detach().to(weight).repeat_interleave(attn.head_dim)
+    factor = torch.cat([queries, torch.ones(2 * queries.numel()).to(weight)])
+    return weight * factor[:, None], None if bias is None else bias * factor
+
+
 def _gpt2_tensors(model: Transformer) -> dict[str, Tensor]:
     """Native weights under GPT-2's names; Conv1D stores (in, out), so matrices are transposed."""
     cfg = model.cfg
@@ -132,9 +145,9 @@ def _gpt2_tensors(model: Transformer) -> dict[str, Tensor]:
         bias = layer_norm.bias if layer_norm.bias is not None else torch.zeros(cfg.d_model)
         return {f"{prefix}.weight": layer_norm.weight, f"{prefix}.bias": bias}
 
-    def conv(prefix: str, linear: nn.Linear) -> dict[str, Tensor]:
-        bias = linear.bias if linear.bias is not None else torch.zeros(linear.out_features)
-        return {f"{prefix}.weight": linear.weight.T, f"{prefix}.bias": bias}
+    def conv(prefix: str, weight: Tensor, bias: Tensor | None) -> dict[str, Tensor]:
+        bias = bias if bias is not None else torch.zeros(weight.shape[0])
+        return {f"{prefix}.weight": weight.T, f"{prefix}.bias": bias}
 
     if cfg.pos_encoding == "learned":
         positions = cast(LearnedPositionalEmbedding, model.pos).table.weight
@@ -151,11 +164,11 @@ def _gpt2_tensors(model: Transformer) -> dict[str, Tensor]:
         mlp = cast(MLP, block.mlp)  # family() checked: gelu MLP (gpt2)
         tensors |= {
             **norm(f"{prefix}.ln_1", block.norm_1),
-            **conv(f"{prefix}.attn.c_attn", block.attn.qkv),  # q, k, v stacked alike
-            **conv(f"{prefix}.attn.c_proj", block.attn.proj),
+            **conv(f"{prefix}.attn.c_attn", *_qkv(block.attn)),  # q, k, v stacked alike
+            **conv(f"{prefix}.attn.c_proj", block.attn.proj.weight, block.attn.proj.bias),
             **norm(f"{prefix}.ln_2", block.norm_2),
-            **conv(f"{prefix}.mlp.c_fc", mlp.fc),
-            **conv(f"{prefix}.mlp.c_proj", mlp.proj),
+            **conv(f"{prefix}.mlp.c_fc", mlp.fc.weight, mlp.fc.bias),
+            **conv(f"{prefix}.mlp.c_proj", mlp.proj.weight, mlp.proj.bias),
         }
     return tensors
 
@@ -174,7 +187,7 @@ def _llama_tensors(model: Transformer) -> dict[str, Tensor]:
     for i, block in enumerate(cast(Iterable[Block], model.blocks)):
         prefix = f"model.layers.{i}"
         mlp = cast(SwiGLU, block.mlp)  # family() checked: swiglu (llama, smollm3)
-        q, k, v = block.attn.qkv.weight.chunk(3, dim=0)
+        q, k, v = _qkv(block.attn)[0].chunk(3, dim=0)
         tensors |= {
             f"{prefix}.input_layernorm.weight": norm(block.norm_1),
             f"{prefix}.self_attn.q_proj.weight": q,

@@ -117,11 +117,14 @@ def first_layer_theory(cfg: RunConfig) -> np.ndarray | None:
     """Predicted variance of layer 1's ``attn_out`` per position, where the derivation applies.
 
     It applies to a causal pre-LN model with normal(σ) weights, no biases, no input-level or
-    ALiBi position signal, fed random input vectors (Chi et al.'s setting).
+    ALiBi position signal, the usual 1/sqrt(head_dim) logit scale, fed random input vectors
+    (Chi et al.'s setting).
     """
     m, a = cfg.model, cfg.analysis
     applies = (
         not m.bidirectional
+        and m.logit_scale == 1
+        and not m.head_scales
         and m.norm_position == "pre"
         and m.init == "normal"
         and not m.bias

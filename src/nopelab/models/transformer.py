@@ -16,7 +16,11 @@ Every block exposes named :class:`HookPoint` sites (``attn_out``, ``resid_mid``,
 concatenated, the input of the output projection); the model exposes ``embed``. Capture code
 attaches forward hooks to them.
 Attention runs through ``scaled_dot_product_attention`` unless someone hooks the attention
-scores or probabilities, which only the explicit path materialises.
+scores or probabilities, which only the explicit path materialises. Both scale the logits
+q·k by ``logit_scale / sqrt(head_dim)`` (``ModelConfig.logit_scale``, 1 by default), or, with
+``ModelConfig.head_scales``, each head's by its own learnable ``head_scale / sqrt(head_dim)``:
+Wang et al.'s (2024) cure for the attention of NoPE models spreading out past the training
+length. A position bias (ALiBi) is added after the scaling.
 """
 
 from __future__ import annotations
@@ -198,6 +202,14 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.pe = make_attention_pe(cfg, layer)
+        self.logit_scale = cfg.logit_scale
+        # per-head factors multiply q, so the fused kernel needs only the common 1/sqrt(head_dim)
+        self.head_scale = (
+            nn.Parameter(torch.full((cfg.n_heads,), cfg.logit_scale)) if cfg.head_scales else None
+        )
+        factor = 1.0 if cfg.head_scales else cfg.logit_scale
+        self.scale = factor / math.sqrt(cfg.head_dim)  # the fused kernel's
+        self.divisor = math.sqrt(cfg.head_dim) / factor  # the explicit path's: exact at 1
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.hook_scores = HookPoint()  # (B, H, T, T) scaled logits incl. position bias, unmasked
@@ -211,6 +223,8 @@ class Attention(nn.Module):
             for t in self.qkv(x).split(C, dim=2)
         )
         q, k = self.pe.rotate(q, k)
+        if self.head_scale is not None:
+            q = q * self.head_scale.to(q.dtype)[:, None, None]
         bias = self.pe.bias(T, self.causal, x.device)
         if self.hook_scores._forward_hooks or self.hook_probs._forward_hooks:
             y = self._explicit(q, k, v, bias)
@@ -219,20 +233,30 @@ class Attention(nn.Module):
         y = self.hook_heads(y.transpose(1, 2).reshape(B, T, C))
         return self.resid_dropout(self.proj(y))
 
+    def logit_scales(self) -> Tensor:
+        """Each head's factor on the 1/sqrt(head_dim) scale of its logits, (n_heads,)."""
+        if self.head_scale is not None:
+            return self.head_scale
+        return torch.full((self.n_heads,), self.logit_scale)
+
     def _causal_mask(self, T: int, device: torch.device) -> Tensor:
         return torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
         p = self.dropout if self.training else 0.0
         if bias is None:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
+            return F.scaled_dot_product_attention(
+                q, k, v, dropout_p=p, is_causal=self.causal, scale=self.scale
+            )
         mask = bias.to(q.dtype)
         if self.causal:
             mask = mask.masked_fill(~self._causal_mask(q.shape[-2], q.device), float("-inf"))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=p, scale=self.scale
+        )
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-        scores = (q / math.sqrt(self.head_dim)) @ k.transpose(-2, -1)  # scale the smaller tensor
+        scores = (q / self.divisor) @ k.transpose(-2, -1)  # scale the smaller tensor
         if bias is not None:
             scores = scores + bias.to(scores.dtype)
         scores = self.hook_scores(scores)
