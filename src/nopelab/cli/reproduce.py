@@ -16,7 +16,9 @@ from nopelab.errors import UserError
 
 @app.command()
 def reproduce(
-    paper: Annotated[str, typer.Argument(help="chi2023 | zuo2025 | haviv2022 | real-model")],
+    paper: Annotated[
+        str, typer.Argument(help="chi2023 | zuo2025 | haviv2022 | kazemnejad2023 | real-model")
+    ],
     part: Annotated[
         str | None,
         typer.Option(
@@ -24,6 +26,8 @@ def reproduce(
             "over inputs, sites, probes and training sequences); zuo2025: random-init | trained | probes | "
             "mastery (the trained part's models at three seeds, steps to mastery); "
             "haviv2022: pretrained | sizes (five encodings at three sizes, the gap to NoPE); "
+            "kazemnejad2023: tasks (five encodings on tasks, accuracy at every length to 3x "
+            "the trained ones); "
             "real-model: smollm2"
         ),
     ] = None,
@@ -66,8 +70,8 @@ def reproduce(
     sizes: Annotated[
         str | None,
         typer.Option(
-            help="haviv2022 sizes: model sizes D_MODELxLAYERS[xHEADS] (2 heads unless given), "
-            "smallest first, e.g. 24x2,48x2,80x3x4 \\[the scale's]"
+            help="haviv2022 sizes: model sizes D_MODELxLAYERS or D_MODELxLAYERSxHEADS (2 heads "
+            "unless given), smallest first, e.g. 24x2,48x2,80x3x4 \\[the scale's]"
         ),
     ] = None,
 ) -> None:

@@ -13,6 +13,7 @@ from nopelab.experiments import (
     chi2023_probe_study,
     haviv2022,
     haviv2022_sizes,
+    kazemnejad2023,
     real_model,
     zuo2025,
     zuo2025_mastery,
@@ -102,6 +103,17 @@ EXPERIMENTS = {
             ),
         },
         "pretrained",
+    ),
+    "kazemnejad2023": Experiment(
+        {
+            "tasks": Part(
+                kazemnejad2023.settings,
+                kazemnejad2023.run,
+                resumable=True,
+                scales=("smoke", "small", "medium"),
+            )
+        },
+        "tasks",
     ),
     "real-model": Experiment(
         {"smollm2": Part(real_model.settings, real_model.run)},

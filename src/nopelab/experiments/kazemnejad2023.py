@@ -1,0 +1,405 @@
+"""Kazemnejad et al. 2023: which positional encoding lets a decoder generalise to longer inputs?
+
+Task models with five encodings (NoPE, a learned table, fixed sinusoids, RoPE, ALiBi; no T5
+relative bias, which this model family does not have) are trained on instances of operand
+lengths drawn uniformly from 1..L, in the plain format (``copy(abc)=abc``, ``rev(123)=321``,
+``12+34=64`` with the sum least-significant digit first), lines packed end to end from a line
+start with the loss on every character. Each is then tested by greedy decoding, every prompt
+alone from position 0, on fresh instances of every length 1..3L: exact match per length. Per
+task, the encodings are ranked by their mean accuracy over the unseen lengths L+1..3L (ties
+share the average rank), and each encoding's mean reciprocal rank (MRR) over the tasks is set
+beside Kazemnejad et al.'s (ten tasks, L = 20, tested to 2L). A model that does not learn the
+task at the training lengths says nothing about generalisation: the summary flags it.
+
+Models train (and are tested) in worker processes, one per core on a CPU; a run directory that
+already holds finished models is continued, not retrained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypedDict, cast
+
+import pandas as pd
+
+from nopelab import plots
+from nopelab.config import ModelConfig, PosEncoding, TrainConfig
+from nopelab.experiments.scale_files import read_scales
+from nopelab.experiments.summary_template import fill, shape_values
+from nopelab.experiments.train_and_measure import train_into
+from nopelab.runtime.device import resolve_device
+from nopelab.runtime.rundir import write_json
+from nopelab.sweep.runner import Job, default_workers, run_jobs
+from nopelab.tables import markdown_table
+from nopelab.training.run import TrainRun
+from nopelab.training.task_config import TaskConfig
+from nopelab.training.task_kinds import TASK_KINDS, Example
+from nopelab.training.tasks import accuracy, make_splits, max_line_len
+
+POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "rope", "alibi")
+LABELS = {
+    "none": "NoPE",
+    "learned": "learned",
+    "sinusoidal": "sinusoidal",
+    "rope": "RoPE",
+    "alibi": "ALiBi",
+}
+# Kazemnejad et al. 2023, mean reciprocal rank over ten tasks; "absolute" (0.22) stands for
+# both absolute encodings here, and their T5 relative bias (0.55) has no model here
+PUBLISHED_MRR = {"none": 0.69, "learned": 0.22, "sinusoidal": 0.22, "rope": 0.33, "alibi": 0.50}
+PUBLISHED_T5_MRR = 0.55
+STRETCH = 3  # tested at lengths 1..STRETCH x L
+LEARNED_AT = 0.9  # in-distribution accuracy below which a model has not learned its task
+
+
+class Scale(TypedDict):
+    max_len: dict[str, int]  # L per task (plain format): training operand lengths over 1..L
+    steps: dict[str, int]  # training steps per task
+    train_size: dict[str, int]  # training lines per task
+    model: dict[str, Any]  # ModelConfig fields but max_seq_len and pos_encoding
+    train: dict[str, Any]  # TrainConfig fields but steps and seq_len (the longest training line)
+    test_size: int  # held-out lines of lengths 1..L, evaluated along training
+    per_length: int  # test instances of each length 1..3L (all of them where fewer exist)
+    seeds: int  # --seed, --seed + 1, ...
+
+
+SCALES = cast(dict[str, Scale], read_scales("kazemnejad2023", Scale))
+
+
+@dataclass(frozen=True)
+class Model:
+    """One task model of the part: its task, training lengths 1..``max_len``, encoding, seed."""
+
+    task: str
+    max_len: int
+    pos_encoding: str
+    seed: int
+    run: TrainRun
+
+    @property
+    def key(self) -> str:
+        return f"{self.task}-{self.pos_encoding}-seed{self.seed}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    models: list[Model]
+    per_length: int
+    workers: int
+
+
+def task_config(task: str, max_len: int, train_size: int, test_size: int) -> TaskConfig:
+    """Training lines of operand lengths 1..``max_len`` in the plain format (the sum written
+    least-significant digit first), packed, the loss on every character; held-out lines
+    likewise."""
+    return TaskConfig(
+        name=task,  # type: ignore[arg-type]  # checked by TaskConfig
+        format="plain",
+        min_len=1,
+        max_len=max_len,
+        reversed_answer=task == "add",
+        train_size=train_size,
+        test_size=test_size,
+        layout="packed",
+        loss_mode="all",
+    )
+
+
+def task_of(run: TrainRun) -> TaskConfig:
+    """The task ``run`` trains on: every run of this part has one."""
+    assert run.task is not None
+    return run.task
+
+
+def longest_line(task_cfg: TaskConfig, max_len: int) -> int:
+    """The longest line of the task up to operand length ``max_len``."""
+    return max_line_len(dataclasses.replace(task_cfg, test_max_len=max_len))
+
+
+def settings(scale: str, seed: int, device: str) -> Settings:
+    s = SCALES[scale]
+    resolve_device(device)
+    for name in ("steps", "train_size"):
+        if set(s[name]) != set(s["max_len"]):
+            raise ValueError(
+                f"scales/kazemnejad2023.toml [{scale}]: {name} must name the tasks of max_len"
+            )
+    models = []
+    for task, L in s["max_len"].items():
+        task_cfg = task_config(task, L, s["train_size"][task], s["test_size"])
+        steps = s["steps"][task]
+        train = TrainConfig(
+            **s["train"],
+            steps=steps,
+            seq_len=max_line_len(task_cfg),  # rows start at a line start: the longest one fits
+            eval_every=max(1, steps // 5),
+            checkpoint_every=max(1, steps // 5),
+            device=device,
+        )
+        # a learned table covers the longest tested line; the other encodings take any length
+        positions = longest_line(task_cfg, STRETCH * L)
+        for offset in range(s["seeds"]):
+            for pe in POS_ENCODINGS:
+                model = ModelConfig(**s["model"], max_seq_len=positions, pos_encoding=pe)
+                run = TrainRun(model, dataclasses.replace(train, seed=seed + offset), task_cfg)
+                models.append(Model(task, L, pe, seed + offset, run))
+    return Settings(models, s["per_length"], default_workers(device))
+
+
+def length_test(
+    task_cfg: TaskConfig, length: int, size: int, seed: int, trained: set[str]
+) -> tuple[list[Example], int]:
+    """``size`` distinct instances of operand length ``length`` (every one where fewer exist),
+    drawn by ``seed``, and how many of them are training prompts (``trained``): those come in
+    only where the length has too few others."""
+    kind, fmt = TASK_KINDS[task_cfg.name], task_cfg.resolved_format
+    want = min(size, kind.count(fmt, length))
+    rng = random.Random(f"{task_cfg.name} {length} {seed}")
+    unseen: dict[str, Example] = {}
+    seen: dict[str, Example] = {}
+    for _ in range(50 * want + 1000):  # ample to find every prompt of a short length
+        example = kind.example(kind.draw_plain(length, rng), fmt, task_cfg.reversed_answer)
+        (seen if example.prompt in trained else unseen).setdefault(example.prompt, example)
+        if len(unseen) == want:
+            break
+    examples = [*unseen.values(), *seen.values()][:want]
+    return examples, sum(e.prompt in trained for e in examples)
+
+
+def train_and_test(run: TrainRun, longest: int, per_length: int, folder: Path) -> None:
+    """Train ``run`` into ``folder``, then write its exact match at every operand length
+    1..``longest`` (``lengths.json``; a job)."""
+    from nopelab.training.train import load_trained
+
+    train_into(run, folder)
+    device = resolve_device(run.train.device)
+    _, model = load_trained(folder, device)
+    task_cfg = task_of(run)
+    trained = {e.prompt for e in make_splits(task_cfg, run.train.seed)[0]}
+    rows = []
+    for length in range(1, longest + 1):
+        examples, seen = length_test(task_cfg, length, per_length, run.train.seed, trained)
+        right = accuracy(model, examples, device=device)
+        rows.append({"length": length, "accuracy": right, "instances": len(examples), "seen": seen})
+    write_json(folder / "lengths.json", rows)
+
+
+def run(settings: Settings, out: Path) -> None:
+    jobs = [
+        Job(m.key, train_and_test, (m.run, STRETCH * m.max_len, settings.per_length))
+        for m in settings.models
+    ]
+    run_jobs(jobs, out / "runs", "kazemnejad2023 task models", settings.workers, what="models")
+    rows, trainings = [], []
+    keys = ["task", "pos_encoding", "seed"]
+    for m in settings.models:
+        folder = out / "runs" / m.key
+        labels = dict(zip(keys, (m.task, m.pos_encoding, m.seed), strict=True))
+        rows += [
+            {**labels, "max_len": m.max_len, **row, "in_distribution": row["length"] <= m.max_len}
+            for row in json.loads((folder / "lengths.json").read_text())
+        ]
+        summary = json.loads((folder / "summary.json").read_text())
+        trainings.append(
+            {
+                **labels,
+                "steps": summary["steps"],
+                "held_out_accuracy": summary["final_eval"]["accuracy"],
+                "train_seconds": summary["train_seconds"],
+            }
+        )
+    by_length = pd.DataFrame(rows)
+    models = model_table(by_length).merge(pd.DataFrame(trainings), on=keys)
+    ranks = rank_table(models)
+    mrr = mrr_table(ranks)
+    for name, frame in [
+        ("accuracy", by_length),
+        ("models", models),
+        ("ranks", ranks),
+        ("mrr", mrr),
+    ]:
+        frame.to_parquet(out / f"{name}.parquet", index=False)
+    plots.accuracy_by_length(by_length, LABELS, out / "accuracy_by_length.png")
+    verdict = verdicts(mrr, models)
+    write_json(
+        out / "summary.json",
+        {
+            "max_len": {m.task: m.max_len for m in settings.models},
+            "stretch": STRETCH,
+            "models": models.to_dict("records"),
+            "ranks": ranks.to_dict("records"),
+            "mrr": mrr.to_dict("records"),
+            "published_t5_mrr": PUBLISHED_T5_MRR,
+            "verdict": verdict,
+        },
+    )
+    (out / "summary.md").write_text(summary_text(settings, by_length, ranks, mrr, verdict))
+
+
+def model_table(by_length: pd.DataFrame) -> pd.DataFrame:
+    """Per model: mean exact match over the training lengths (in distribution) and over the
+    longer ones (out of distribution), each length weighing the same; ``learned``: the former
+    reaches :data:`LEARNED_AT`."""
+    keys = ["task", "pos_encoding", "seed"]
+    mean = by_length.groupby([*keys, "in_distribution"], sort=False)["accuracy"].mean()
+    table = mean.unstack("in_distribution").rename(
+        columns={True: "in_distribution_accuracy", False: "ood_accuracy"}
+    )
+    table = table[["in_distribution_accuracy", "ood_accuracy"]].reset_index()
+    table.columns.name = None
+    table["learned"] = table["in_distribution_accuracy"] >= LEARNED_AT
+    return table
+
+
+def rank_table(models: pd.DataFrame) -> pd.DataFrame:
+    """Per task and encoding: accuracies averaged over seeds, and the encoding's rank among the
+    task's by out-of-distribution accuracy (1: best; ties share the average rank)."""
+    table = (
+        models.groupby(["task", "pos_encoding"], sort=False)
+        .agg(
+            seeds=("seed", "count"),
+            in_distribution_accuracy=("in_distribution_accuracy", "mean"),
+            ood_accuracy=("ood_accuracy", "mean"),
+        )
+        .reset_index()
+    )
+    # rounded: a mean of equal accuracies summed in another order must still tie
+    score = table["ood_accuracy"].round(12)
+    table["rank"] = score.groupby(table["task"]).rank(ascending=False, method="average")
+    table["reciprocal_rank"] = 1 / table["rank"]
+    return table
+
+
+def mrr_table(ranks: pd.DataFrame) -> pd.DataFrame:
+    """Per encoding: the mean reciprocal rank over tasks, beside Kazemnejad et al.'s."""
+    table = (
+        ranks.groupby("pos_encoding", sort=False)
+        .agg(tasks=("task", "count"), mrr=("reciprocal_rank", "mean"))
+        .reset_index()
+    )
+    table["published_mrr"] = table["pos_encoding"].map(PUBLISHED_MRR)
+    order = table["pos_encoding"].map(POS_ENCODINGS.index)
+    return table.assign(order=order).sort_values("order").drop(columns="order")
+
+
+def verdicts(mrr: pd.DataFrame, models: pd.DataFrame) -> dict[str, Any]:
+    """Which encodings have the highest MRR (NoPE among them?) and which models did not learn
+    their task at the training lengths."""
+    best = mrr["mrr"].round(12) == mrr["mrr"].round(12).max()
+    top = [str(pe) for pe in mrr.loc[best, "pos_encoding"]]
+    unlearned = models[~models["learned"]]
+    return {
+        "best": top,
+        "nope_best": "none" in top,
+        "nope_alone_best": top == ["none"],
+        "not_learned": [
+            f"{row.task} {LABELS[str(row.pos_encoding)]} seed {row.seed}"
+            for row in unlearned.itertuples()
+        ],
+    }
+
+
+def nope_answer(verdict: dict[str, Any], mrr: pd.DataFrame) -> str:
+    """The plain sentence: does NoPE generalise best here?"""
+    score = mrr.set_index("pos_encoding")["mrr"]
+    others = ", ".join(LABELS[pe] for pe in verdict["best"] if pe != "none")
+    if verdict["nope_alone_best"]:
+        text = f"Yes: NoPE has the highest MRR here ({score['none']:.2f})."
+    elif verdict["nope_best"]:
+        text = f"Tied: NoPE shares the highest MRR ({score['none']:.2f}) with {others}."
+    else:
+        verb = "has" if len(verdict["best"]) == 1 else "share"
+        text = (
+            f"No: {others} {verb} the highest MRR ({score.max():.2f}); NoPE's is "
+            f"{score['none']:.2f}."
+        )
+    if verdict["not_learned"]:
+        text += (
+            " Not every model learned its task at the training lengths (below): their ranks are "
+            "partly about learning, not generalisation."
+        )
+    return text
+
+
+def summary_text(
+    settings: Settings,
+    by_length: pd.DataFrame,
+    ranks: pd.DataFrame,
+    mrr: pd.DataFrame,
+    verdict: dict[str, Any],
+) -> str:
+    """``summary.md``: the recipe, MRR beside Kazemnejad et al.'s, accuracies and ranks per task,
+    the verdict and the models that did not learn their task."""
+    first = settings.models[0].run
+    tasks = {m.task: m for m in settings.models}  # one model per task: its recipe
+    recipe = pd.DataFrame(
+        [
+            {
+                "task": task,
+                "L": m.max_len,
+                "trained lengths": f"1..{m.max_len}",
+                "tested lengths": f"1..{STRETCH * m.max_len}",
+                "steps": m.run.train.steps,
+                "training lines": task_of(m.run).train_size,
+            }
+            for task, m in tasks.items()
+        ]
+    )
+    seeds = int(ranks["seeds"].max())
+    table = pd.DataFrame(
+        {
+            "encoding": [LABELS[pe] for pe in mrr["pos_encoding"]] + ["T5 relative bias"],
+            "MRR, ours": [f"{v:.2f}" for v in mrr["mrr"]] + ["not trained"],
+            "Kazemnejad et al.": [
+                f"{v:.2f}" + (" (absolute)" if pe in ("learned", "sinusoidal") else "")
+                for pe, v in zip(mrr["pos_encoding"], mrr["published_mrr"], strict=True)
+            ]
+            + [f"{PUBLISHED_T5_MRR:.2f}"],
+        }
+    )
+    cells = ranks.assign(
+        encoding=ranks["pos_encoding"].map(LABELS),
+        ood=[f"{a:.3f} ({r:g})" for a, r in zip(ranks["ood_accuracy"], ranks["rank"], strict=True)],
+        ind=[f"{a:.3f}" for a in ranks["in_distribution_accuracy"]],
+    )
+    order = [LABELS[pe] for pe in POS_ENCODINGS]
+    ood = cells.pivot(index="task", columns="encoding", values="ood").loc[list(tasks), order]
+    ind = cells.pivot(index="task", columns="encoding", values="ind").loc[list(tasks), order]
+    unlearned = verdict["not_learned"]
+    flagged = (
+        f"Every model reaches {LEARNED_AT:g} in distribution."
+        if not unlearned
+        else f"Below {LEARNED_AT:g} in distribution (their ranks say little about "
+        f"generalisation): {', '.join(unlearned)}."
+    )
+    mixed = by_length[by_length["seen"] > 0].groupby(["task", "length"], sort=False)["seen"].max()
+    seen = (
+        "No test instance is a training prompt."
+        if mixed.empty
+        else "Where a length has fewer distinct prompts outside the training set than asked, its "
+        "test set also holds training prompts (at most "
+        + ", ".join(f"{n} for {task} at length {k}" for (task, k), n in mixed.items())
+        + "; column `seen`)."
+    )
+    return fill(
+        "kazemnejad2023",
+        **shape_values(first.model),
+        recipe_table=markdown_table(recipe),
+        n_tasks=len(tasks),
+        per_length=settings.per_length,
+        seeds=f"{seeds} seed{'s' if seeds > 1 else ''}",
+        batch_size=first.train.batch_size,
+        lr=f"{first.train.lr:g}",
+        warmup=first.train.warmup,
+        mrr_table=markdown_table(table),
+        answer=nope_answer(verdict, mrr),
+        ood_table=markdown_table(ood.reset_index()),
+        in_table=markdown_table(ind.reset_index()),
+        learned_at=f"{LEARNED_AT:g}",
+        flagged=flagged,
+        seen=seen,
+    )

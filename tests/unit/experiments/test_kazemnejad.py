@@ -1,0 +1,137 @@
+"""kazemnejad2023 --part tasks: ranks and MRR follow from the accuracies (worked out by hand),
+a learned table covers the longest tested line, and each length's test set has that length."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from nopelab.experiments.kazemnejad2023 import (
+    SCALES,
+    STRETCH,
+    length_test,
+    model_table,
+    mrr_table,
+    nope_answer,
+    rank_table,
+    settings,
+    task_config,
+    verdicts,
+)
+from nopelab.models.transformer import build_model
+from nopelab.training.task_kinds import TASK_KINDS
+from nopelab.training.tasks import greedy_answers, make_splits, max_line_len
+
+
+def models(ood: dict[tuple[str, str], list[float]]) -> pd.DataFrame:
+    """Per-model rows: each (task, encoding) at one accuracy per seed, all learned."""
+    return pd.DataFrame(
+        [
+            {"task": task, "pos_encoding": pe, "seed": seed, "in_distribution_accuracy": 1.0,
+             "ood_accuracy": value, "learned": True}
+            for (task, pe), values in ood.items()
+            for seed, value in enumerate(values)
+        ]
+    )  # fmt: skip
+
+
+def test_ranks_share_ties_and_mrr_is_their_mean_reciprocal_over_tasks() -> None:
+    frame = models(
+        {
+            ("copy", "none"): [0.8, 1.0],  # mean 0.9: rank 1
+            ("copy", "learned"): [0.1, 0.1],  # 0.1 ties with sinusoidal: ranks 3 and 4 -> 3.5
+            ("copy", "sinusoidal"): [0.15, 0.05],  # 0.1, summed in another order
+            ("copy", "rope"): [0.5, 0.5],  # rank 2
+            ("copy", "alibi"): [0.0, 0.0],  # rank 5
+            ("add", "none"): [0.4, 0.4],  # three-way tie for ranks 2, 3, 4 -> 3
+            ("add", "learned"): [0.3, 0.5],
+            ("add", "sinusoidal"): [0.2, 0.2],  # rank 5
+            ("add", "rope"): [0.8, 0.8],  # rank 1
+            ("add", "alibi"): [0.4, 0.4],
+        }
+    )
+    ranks = rank_table(frame).set_index(["task", "pos_encoding"])
+    assert ranks.loc[("copy", "none"), "ood_accuracy"] == pytest.approx(0.9)
+    assert ranks.loc[("copy", "none"), "seeds"] == 2
+    want = {
+        ("copy", "none"): 1, ("copy", "rope"): 2, ("copy", "learned"): 3.5,
+        ("copy", "sinusoidal"): 3.5, ("copy", "alibi"): 5,
+        ("add", "rope"): 1, ("add", "none"): 3, ("add", "learned"): 3, ("add", "alibi"): 3,
+        ("add", "sinusoidal"): 5,
+    }  # fmt: skip
+    assert ranks["rank"].to_dict() == want
+    mrr = mrr_table(rank_table(frame)).set_index("pos_encoding")
+    assert list(mrr.index) == ["none", "learned", "sinusoidal", "rope", "alibi"]
+    by_hand = {
+        "none": (1 + 1 / 3) / 2,  # 0.667
+        "learned": (1 / 3.5 + 1 / 3) / 2,  # 0.310
+        "sinusoidal": (1 / 3.5 + 1 / 5) / 2,  # 0.243
+        "rope": (1 / 2 + 1) / 2,  # 0.75
+        "alibi": (1 / 5 + 1 / 3) / 2,  # 0.267
+    }
+    assert mrr["mrr"].to_dict() == pytest.approx(by_hand)
+    assert (mrr["tasks"] == 2).all()
+    assert mrr.loc["sinusoidal", "published_mrr"] == mrr.loc["learned", "published_mrr"] == 0.22
+    verdict = verdicts(mrr.reset_index(), frame)
+    assert verdict["best"] == ["rope"] and not verdict["nope_best"]
+    assert nope_answer(verdict, mrr.reset_index()).startswith("No: RoPE has the highest MRR (0.75)")
+
+
+def test_a_tie_at_the_top_and_an_unlearned_model_are_said() -> None:
+    frame = models({("copy", pe): [0.5] for pe in ("none", "learned", "rope")})
+    frame.loc[1, ["in_distribution_accuracy", "learned"]] = [0.5, False]
+    mrr = mrr_table(rank_table(frame))
+    assert mrr["mrr"].tolist() == pytest.approx([0.5, 0.5, 0.5])  # all share rank 2
+    verdict = verdicts(mrr, frame)
+    assert verdict["nope_best"] and not verdict["nope_alone_best"]
+    assert verdict["not_learned"] == ["copy learned seed 0"]
+    assert nope_answer(verdict, mrr).startswith("Tied: NoPE shares the highest MRR (0.50)")
+
+
+def test_model_table_means_each_length_in_and_out_of_distribution() -> None:
+    rows = [
+        {"task": "copy", "pos_encoding": "none", "seed": 0, "length": k, "accuracy": a,
+         "in_distribution": k <= 2}
+        for k, a in zip((1, 2, 3, 4, 5, 6), (1.0, 0.8, 0.3, 0.0, 0.0, 0.3), strict=True)
+    ]  # fmt: skip
+    table = model_table(pd.DataFrame(rows))
+    assert table.loc[0, "in_distribution_accuracy"] == pytest.approx(0.9)
+    assert table.loc[0, "ood_accuracy"] == pytest.approx(0.15)
+    assert bool(table.loc[0, "learned"])
+
+
+def test_a_learned_table_covers_the_longest_tested_line_and_decodes_it() -> None:
+    for scale in SCALES:
+        for m in settings(scale, 0, "cpu").models:
+            task_cfg = m.run.task
+            assert task_cfg is not None and task_cfg.train_lengths == (1, m.max_len)
+            assert m.max_len == SCALES[scale]["max_len"][m.task]
+            tested = dataclasses.replace(task_cfg, test_max_len=STRETCH * m.max_len)
+            assert m.run.model.max_seq_len == max_line_len(tested)
+            assert m.run.train.seq_len == max_line_len(task_cfg) < m.run.model.max_seq_len
+    smoke = next(m for m in settings("smoke", 0, "cpu").models if m.pos_encoding == "learned")
+    kind = TASK_KINDS[smoke.task]
+    example = kind.example(kind.longest(STRETCH * smoke.max_len), "plain")
+    model = build_model(smoke.run.model, 0)
+    (written,) = greedy_answers(model, [example])  # every position the decoding needs exists
+    assert len(written) <= len(example.answer) + 1
+
+
+@pytest.mark.parametrize("task", ["copy", "reverse", "add"])
+def test_each_length_test_set_has_that_length_and_avoids_training_prompts(task: str) -> None:
+    cfg = task_config(task, 3, 300, 32)
+    trained = {e.prompt for e in make_splits(cfg, 0)[0]}
+    kind = TASK_KINDS[task]
+    for length in range(1, 10):
+        examples, seen = length_test(cfg, length, 40, 0, trained)
+        width = len(kind.example(kind.longest(length), "plain").prompt)
+        assert len(examples) == min(40, kind.count("plain", length))
+        assert {len(e.prompt) for e in examples} == {width}  # every operand has that length
+        assert len({e.prompt for e in examples}) == len(examples)
+        assert seen == sum(e.prompt in trained for e in examples)
+        unseen = kind.count("plain", length) - len({p for p in trained if len(p) == width})
+        assert seen == max(0, len(examples) - unseen)  # training prompts only where needed
+        again, _ = length_test(cfg, length, 40, 0, trained)
+        assert again == examples  # the same set for every encoding of a seed
