@@ -650,3 +650,66 @@ def accuracy_by_length(frame: pd.DataFrame, labels: dict[str, str], path: Path) 
     axes[0][0].set_ylabel("exact match")
     axes[0][0].legend(fontsize=8)
     _save(fig, path)
+
+
+def perplexity_by_fix(ppl: pd.DataFrame, labels: dict[str, str], path: Path) -> None:
+    """Perplexity against multiples of the training length: a panel per model, a line per fix
+    (as trained solid and black), 1.1x the unscaled 1x perplexity dotted."""
+    models = list(dict.fromkeys(ppl["model"]))
+    fig, axes = _pyplot().subplots(
+        1, len(models), figsize=(4.8 * len(models), 3.8), squeeze=False, layout="constrained"
+    )
+    for ax, model in zip(axes[0], models, strict=True):
+        rows = ppl[ppl["model"] == model]
+        for i, (fix, line) in enumerate(rows.groupby("fix", sort=False)):
+            ax.plot(
+                line["length_factor"], line["perplexity"], marker="o", ms=3, lw=1.2,
+                color="black" if fix == "none" else f"C{i}", label=fix,
+            )  # fmt: skip
+        base = rows[(rows["fix"] == "none") & (rows["length_factor"] == 1)]["perplexity"].iloc[0]
+        ax.axhline(1.1 * base, color="grey", ls=":", lw=1)
+        ax.set(
+            xscale="log", xlabel="× training length",
+            title=labels[rows["pos_encoding"].iloc[0]],
+        )  # fmt: skip
+        factors = sorted(rows["length_factor"].unique())
+        ax.set_xticks(factors, [f"{f}" for f in factors])
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel("held-out perplexity (per byte)")
+    axes[0][0].legend(fontsize=7)
+    _save(fig, path)
+
+
+def mechanisms_by_position(
+    mechanisms: pd.DataFrame, labels: dict[str, str], train_len: int, path: Path
+) -> None:
+    """Attention entropy (a panel per layer) and Var(attn_out) of layer 1 against position: a row
+    per model, a line per analysed length, the training length dashed."""
+    models = list(dict.fromkeys(mechanisms["model"]))
+    layers = sorted(mechanisms["layer"].unique())
+    panels = [("entropy", layer) for layer in layers] + [("variance", 1)]
+    fig, axes = _pyplot().subplots(
+        len(models), len(panels), figsize=(3.4 * len(panels), 3.0 * len(models)),
+        squeeze=False, layout="constrained",
+    )  # fmt: skip
+    for row, model in zip(axes, models, strict=True):
+        frame = mechanisms[mechanisms["model"] == model]
+        name = labels[frame["pos_encoding"].iloc[0]]
+        for ax, (measure, layer) in zip(row, panels, strict=True):
+            rows = frame[(frame["measure"] == measure) & (frame["layer"] == layer)]
+            for i, (factor, line) in enumerate(rows.groupby("length_factor", sort=True)):
+                middle = np.sqrt(line["bucket_start"].to_numpy() * line["bucket_end"].to_numpy())
+                ax.plot(middle, line["value"], lw=1.2, color=f"C{i}", label=f"{factor}x")
+            ax.axvline(train_len, color="grey", ls="--", lw=1)
+            scale = "log" if measure == "variance" else "linear"
+            ax.set(
+                xscale="log",
+                yscale=scale,
+                xlabel="position",
+                title=f"{name}: {measure}, layer {layer}",
+            )
+            ax.grid(alpha=0.3, which="both")
+        row[0].set_ylabel("entropy (nats)")
+        row[-1].set_ylabel("Var(attn_out)")
+    axes[0][0].legend(fontsize=7)
+    _save(fig, path)

@@ -17,7 +17,10 @@ from nopelab.errors import UserError
 @app.command()
 def reproduce(
     paper: Annotated[
-        str, typer.Argument(help="chi2023 | zuo2025 | haviv2022 | kazemnejad2023 | real-model")
+        str,
+        typer.Argument(
+            help="chi2023 | zuo2025 | haviv2022 | kazemnejad2023 | wang2024 | real-model"
+        ),
     ],
     part: Annotated[
         str | None,
@@ -28,6 +31,7 @@ def reproduce(
             "haviv2022: pretrained | sizes (five encodings at three sizes, the gap to NoPE); "
             "kazemnejad2023: tasks (five encodings on tasks, accuracy at every length to 3x "
             "the trained ones); "
+            "wang2024: lengths (NoPE and RoPE past the training length, the logit-scale fixes); "
             "real-model: smollm2"
         ),
     ] = None,

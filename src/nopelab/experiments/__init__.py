@@ -15,6 +15,7 @@ from nopelab.experiments import (
     haviv2022_sizes,
     kazemnejad2023,
     real_model,
+    wang2024,
     zuo2025,
     zuo2025_mastery,
     zuo2025_probes,
@@ -114,6 +115,17 @@ EXPERIMENTS = {
             )
         },
         "tasks",
+    ),
+    "wang2024": Experiment(
+        {
+            "lengths": Part(
+                wang2024.settings,
+                wang2024.run,
+                resumable=True,
+                scales=("smoke", "small", "medium"),
+            )
+        },
+        "lengths",
     ),
     "real-model": Experiment(
         {"smollm2": Part(real_model.settings, real_model.run)},

@@ -209,24 +209,28 @@ def distance_sums(block: Tensor, start: int) -> Tensor:
     i = start..start+R-1 and columns j = 0..C-1, C = start + R (as :func:`cosine_row_blocks`
     gives it, summed over samples); entry k of the result (C,) sums S[i, i - k] over its rows.
 
-    The rows are skewed so that each distance is a column (row r shifted by r after reversing
-    it), through a strided view of one padded copy: O(R C) time and memory, no index tensors.
+    The rows are skewed so that each distance is a column: row r of a copy padded with R zeros
+    on the left, read from offset r (a strided view, row stride C + R + 1), holds at column e
+    the entry at distance C - e. O(R C) time and one copy of the block.
     """
     R, C = block.shape
-    L = C + R
-    padded = torch.nn.functional.pad(block.flip(-1), (0, R))  # (R, L), row r: S[i, C-1-c]
-    skewed = padded.flatten().as_strided((R, L - 1), (L - 1, 1))  # [r, e]: distance e - R + 1
-    return skewed.sum(0)[R - 1 :]
+    padded = torch.nn.functional.pad(block, (R, 0))  # (R, C + R)
+    skewed = padded.flatten().as_strided((R, C + 1), (C + R + 1, 1))
+    return skewed.sum(0)[1:].flip(0)
 
 
 def block_sums(lower: Tensor, start: int, block: int, out: Tensor) -> None:
     """Add a row block of the lower triangle (R, C), rows from ``start``, into ``out``: the
     sums over ``block`` x ``block`` squares of positions (K, K); entries above the diagonal
-    (columns j > i) are left out."""
+    (columns j > i, in the block's last R columns) are left out."""
     R, C = lower.shape
-    kept = lower.tril(start)  # j <= start + r
-    columns = -(-C // block)
-    kept = torch.nn.functional.pad(kept, (0, columns * block - C))
-    by_column = kept.view(R, columns, block).sum(-1).to(out.dtype)  # (R, columns)
     rows = torch.arange(start, start + R, device=lower.device) // block
-    out[:, :columns].index_add_(0, rows, by_column)
+    first = int(rows[0])
+    by_row = torch.zeros(int(rows[-1]) - first + 1, C, dtype=lower.dtype, device=lower.device)
+    by_row.index_add_(0, rows - first, lower)
+    above = lower[:, start:].triu(1)  # the square's entries above its diagonal
+    by_row[:, start:].index_add_(0, rows - first, above, alpha=-1)
+    columns = -(-C // block)
+    by_row = torch.nn.functional.pad(by_row, (0, columns * block - C))
+    sums = by_row.view(len(by_row), columns, block).sum(-1).to(out.dtype)
+    out[first : first + len(sums), :columns] += sums

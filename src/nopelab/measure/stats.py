@@ -119,7 +119,7 @@ class SiteStats:
                 self.cosine_sum[start:stop, :stop] += summed
             else:
                 block_sums(summed, start, self.block, self.cosine_sum)
-                self.distance_sum[:stop] += distance_sums(summed.double(), start)
+                self.distance_sum[:stop] += distance_sums(summed, start).double()
                 diagonal = summed.diagonal(start).double()  # S[i, i]: 1, or 0 for a zero vector
                 rows = torch.arange(start, stop, device=h.device) // self.block
                 self.diagonal_sum.index_add_(0, rows, diagonal)

@@ -32,7 +32,7 @@ def test_every_scale_file_is_read_by_an_experiment() -> None:
     names = sorted(
         p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml")
     )
-    assert len(names) == 10
+    assert len(names) == 11
     for name in names:
         source = resources.files("nopelab.experiments").joinpath(f"{name}.py").read_text()
         assert f'read_scales("{name}"' in source, name

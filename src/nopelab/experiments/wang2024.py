@@ -1,0 +1,522 @@
+"""Wang et al. 2024: where a NoPE language model breaks past its training length, and how far
+scaling the attention logits of the frozen model carries it.
+
+Byte-level NoPE and RoPE language models are trained at a short length T, one job per model
+(:func:`measure_model`, resumable). Each job then measures its model:
+
+* held-out loss by position and perplexity at 1x, 2x, 4x, 8x and 16x T
+  (:mod:`nopelab.measure.length`): as trained, with every head's logits scaled by each uniform
+  factor of the scale, and with HeadScale (a factor per head trained on the frozen model at
+  ``length_factor`` x T; :mod:`nopelab.training.headscale`);
+* the model as trained at 1x, 2x, 4x and 8x T, on held-out text of that length
+  (:func:`~nopelab.measure.analysis.analyze_model`): attention entropy per query position (mean
+  over heads) and the variance of ``attn_out`` per position, per layer, in log-spaced buckets of
+  positions, and the adjacency score of ``attn_out`` per layer.
+
+Where each breaks, on the bucketed curves at the longest analysed length (8x):
+
+* the *flat length* (:func:`~nopelab.measure.length.flat_length`): the longest length whose
+  perplexity is within 10 % of the 1x one; the *loss break* (:func:`loss_break`): the first
+  position past T from which the loss per position stays more than ln 1.1 nats above its level
+  over positions T/2..T;
+* the *entropy inflection* and the *variance departure* (:func:`departure`): the first position
+  past T from which the entropy (nats), or the log variance, stays more than a tolerance away
+  from its least-squares line against log position over T/8..T;
+* the *adjacency change*: the first length whose adjacency score differs from the 1x one by
+  more than :data:`ADJACENCY_TOLERANCE` in some layer.
+
+Two positions coincide when within a factor :data:`COINCIDE` of each other (:func:`order`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypedDict, cast
+
+import numpy as np
+import pandas as pd
+
+from nopelab import plots
+from nopelab.config import AnalysisConfig, PosEncoding
+from nopelab.experiments.scale_files import read_scales
+from nopelab.experiments.summary_template import fill, schedule_values, shape_values
+from nopelab.experiments.train_and_measure import lm_runs, train_into
+from nopelab.measure.analysis import analyze_model
+from nopelab.measure.length import (
+    FLAT_TOLERANCE,
+    bucket_rows,
+    chosen_windows,
+    flat_length,
+    log_buckets,
+    perplexity,
+    position_loss,
+)
+from nopelab.models.transformer import Transformer
+from nopelab.runtime.device import resolve_device
+from nopelab.runtime.rundir import write_json
+from nopelab.sweep.runner import Job, default_workers, run_jobs
+from nopelab.tables import markdown_table
+from nopelab.training.headscale import (
+    HeadScaleTraining,
+    fitted_scale,
+    rescaled,
+    scales_by_layer,
+    train_head_scales,
+)
+from nopelab.training.run import TrainRun
+from nopelab.training.sources import TextSource
+from nopelab.training.train import autocast_for, load_trained, make_source
+
+POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "rope")
+LABELS = {"none": "NoPE", "rope": "RoPE"}
+LENGTHS = (1, 2, 4, 8, 16)  # multiples of the training length evaluated
+MECHANISM_LENGTHS = (1, 2, 4, 8)  # those analysed
+BATCH_TOKENS = 8192  # tokens per forward pass when evaluating
+FIT_FROM = 1 / 8  # the lines are fitted over positions FIT_FROM x T .. T
+ENTROPY_TOLERANCE = 0.1  # nats off the line
+VARIANCE_TOLERANCE = 0.2  # in log variance: about 20 % off the line
+ADJACENCY_TOLERANCE = 0.05  # change of the adjacency score (a probability) from 1x
+COINCIDE = 1.5  # two positions within this factor coincide
+UP_TO = f"up to {MECHANISM_LENGTHS[-1]}x"  # where the breaks by position are looked for
+RESULT_FILE = "measured.json"
+
+
+class Scale(TypedDict):
+    model: dict[str, Any]  # ModelConfig fields
+    train: dict[str, Any]  # TrainConfig fields
+    eval_tokens: int  # held-out tokens per evaluated length
+    buckets: int  # log-spaced buckets of positions per length
+    samples: int  # held-out sequences analysed per length
+    uniform: list[float]  # uniform logit factors swept
+    headscale: dict[str, Any]  # length_factor, steps, lr, batch_size
+
+
+SCALES = cast(dict[str, Scale], read_scales("wang2024", Scale))
+
+
+@dataclass(frozen=True)
+class Measures:
+    """What every model's job measures once it has trained."""
+
+    eval_tokens: int
+    buckets: int
+    samples: int
+    uniform: tuple[float, ...]
+    headscale: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Settings:
+    runs: dict[str, TrainRun]  # pos_encoding -> run
+    measures: Measures
+    workers: int  # models trained at once
+
+
+def settings(scale: str, seed: int, device: str) -> Settings:
+    s = SCALES[scale]
+    resolve_device(device)
+    runs = lm_runs(POS_ENCODINGS, s["model"], s["train"], seed, device)
+    measures = Measures(
+        s["eval_tokens"], s["buckets"], s["samples"], tuple(s["uniform"]), s["headscale"]
+    )
+    return Settings(runs, measures, default_workers(device))
+
+
+# ------------------------------------------------------------------------ one model (a job)
+
+
+def measure_model(run: TrainRun, measures: Measures, folder: Path) -> None:
+    """Train ``run`` into ``folder``, then measure it (the module's protocol) into
+    :data:`RESULT_FILE`: rows of perplexity, loss by position bucket and mechanisms, and the
+    HeadScale factors. A job."""
+    train_into(run, folder)
+    source = make_source(run, folder)
+    assert isinstance(source, TextSource)  # a language model's run
+    device = resolve_device(run.train.device)
+    model = load_trained(folder, device)[1].eval()
+    train_len = run.train.seq_len
+    variants: dict[str, tuple[float | None, Transformer]] = {"none": (1.0, model)}
+    variants |= {
+        f"uniform {c:g}": (c, rescaled(model, c, head_scales=False)) for c in measures.uniform
+    }
+    h = measures.headscale
+    training = HeadScaleTraining(
+        length_factor=h["length_factor"],
+        length=round(h["length_factor"] * train_len),
+        steps=h["steps"],
+        lr=h["lr"],
+        init_scale=fitted_scale(h["length_factor"]),
+        batch_size=h["batch_size"],
+        seed=run.train.seed,
+    )
+    scaled = rescaled(model, training.init_scale, head_scales=True)
+    losses, _ = train_head_scales(scaled, source, training, device, autocast_for(run.train, device))
+    variants["headscale"] = (None, scaled.eval())  # a factor per head: headscale.scales
+    lengths, positions = [], []
+    for fix, (scale, variant) in variants.items():
+        for factor in LENGTHS:
+            length = factor * train_len
+            count = measures.eval_tokens // length
+            pairs = chosen_windows(source.stream, length, count, run.train.seed)
+            batch = max(1, BATCH_TOKENS // length)
+            loss = position_loss(variant, pairs, length, batch, device)
+            where = {"fix": fix, "logit_scale": scale, "length_factor": factor, "length": length}
+            lengths.append(
+                {
+                    **where,
+                    "loss": loss.mean,
+                    "perplexity": perplexity(loss.mean),
+                    "windows": loss.windows,
+                    "tokens": loss.tokens,
+                }
+            )
+            positions += [{**where, **row} for row in bucket_rows(loss, measures.buckets)]
+    record = {
+        "perplexity": lengths,
+        "positions": positions,
+        "mechanisms": mechanism_rows(model, run, source, measures),
+        "headscale": {"loss": losses, "scales": scales_by_layer(scaled)},
+    }
+    write_json(folder / RESULT_FILE, record)
+
+
+def mechanism_rows(
+    model: Transformer, run: TrainRun, source: TextSource, measures: Measures
+) -> list[dict[str, Any]]:
+    """Attention entropy and ``attn_out`` variance per layer and position bucket, and the
+    adjacency score of ``attn_out`` per layer (its bucket: every position), at each of
+    :data:`MECHANISM_LENGTHS` on held-out text of that length."""
+    rows = []
+    for factor in MECHANISM_LENGTHS:
+        length = factor * run.train.seq_len
+        cfg = AnalysisConfig(
+            seq_len=length,
+            samples=measures.samples,
+            batch_size=max(1, min(measures.samples, BATCH_TOKENS // length)),
+            input="data",
+            sites=("attn_out",),
+            attn_entropy=True,
+            seed=run.train.seed,
+            device=run.train.device,
+        )
+        result = analyze_model(model, cfg, progress=False, source=source)
+        where = {"length_factor": factor, "length": length}
+        for (_, layer), stats in result.sites.items():
+            curves = {"entropy": result.attention[layer].entropy, "variance": stats.variance}
+            for measure, values in curves.items():
+                rows += [
+                    {**where, "layer": layer, "measure": measure, **row}
+                    for row in bucketed(values, measures.buckets)
+                ]
+            whole = {"bucket_start": 1, "bucket_end": length, "value": stats.adjacency.mean}
+            rows.append({**where, "layer": layer, "measure": "adjacency", **whole})
+    return rows
+
+
+def bucketed(values: np.ndarray, buckets: int) -> list[dict[str, Any]]:
+    """The mean of ``values`` (by 0-based position) over each log-spaced bucket of positions."""
+    return [
+        {"bucket_start": first, "bucket_end": last, "value": float(values[first - 1 : last].mean())}
+        for first, last in log_buckets(len(values), buckets)
+    ]
+
+
+# ------------------------------------------------------------------------ where things break
+
+
+def middles(rows: pd.DataFrame) -> np.ndarray:
+    """Each bucket's geometric middle position."""
+    return np.sqrt(rows["bucket_start"].to_numpy() * rows["bucket_end"].to_numpy())
+
+
+def lasting_from(positions: np.ndarray, exceeds: np.ndarray, after: float) -> float | None:
+    """The first of ``positions`` (increasing) beyond ``after`` from which ``exceeds`` holds at
+    every later position, or ``None`` when it does not hold at the last."""
+    first = None
+    for position, over in zip(positions, exceeds, strict=True):
+        if position <= after:
+            continue
+        if not over:
+            first = None
+        elif first is None:
+            first = float(position)
+    return first
+
+
+def loss_break(
+    positions: np.ndarray,
+    loss: np.ndarray,
+    train_len: int,
+    tolerance: float = math.log1p(FLAT_TOLERANCE),
+) -> float | None:
+    """The first position past ``train_len`` from which the loss stays more than ``tolerance``
+    nats above its mean over positions ``train_len``/2..``train_len`` (``None``: it never
+    does)."""
+    within = (positions > train_len / 2) & (positions <= train_len)
+    level = loss[within].mean()
+    return lasting_from(positions, loss > level + tolerance, train_len)
+
+
+def departure(
+    positions: np.ndarray, values: np.ndarray, train_len: int, tolerance: float
+) -> float | None:
+    """The first position past ``train_len`` from which ``values`` stay more than ``tolerance``
+    away from their least-squares line against log position over ``FIT_FROM`` x ``train_len``
+    .. ``train_len`` (``None``: they never do)."""
+    within = (positions >= FIT_FROM * train_len) & (positions <= train_len)
+    slope, intercept = np.polyfit(np.log(positions[within]), values[within], 1)
+    residual = values - (intercept + slope * np.log(positions))
+    return lasting_from(positions, np.abs(residual) > tolerance, train_len)
+
+
+def order(first: float | None, second: float | None) -> str:
+    """Whether ``first`` comes ``before``, ``with`` (within a factor :data:`COINCIDE`) or
+    ``after`` ``second``; ``neither`` when neither breaks, ``only first``/``only second`` when
+    one does."""
+    if first is None or second is None:
+        return "neither" if first is second else "only first" if second is None else "only second"
+    if abs(math.log(first / second)) <= math.log(COINCIDE):
+        return "with"
+    return "before" if first < second else "after"
+
+
+def break_length(ppl: dict[int, float]) -> int | None:
+    """The first length factor past the flat length, or ``None`` when every length is flat."""
+    flat = flat_length(ppl)
+    return next((f for f in sorted(ppl) if f > flat), None)
+
+
+def adjacency_change(adjacency: pd.DataFrame) -> int | None:
+    """The first length factor whose adjacency score differs from the 1x one by more than
+    :data:`ADJACENCY_TOLERANCE` in some layer (rows: ``length_factor``, ``layer``, ``value``)."""
+    table = adjacency.pivot(index="length_factor", columns="layer", values="value")
+    moved = (table - table.iloc[0]).abs().max(axis=1) > ADJACENCY_TOLERANCE
+    return next((int(f) for f, m in moved.items() if m), None)
+
+
+def model_breaks(
+    train_len: int, ppl: pd.DataFrame, positions: pd.DataFrame, mechanisms: pd.DataFrame
+) -> dict[str, Any]:
+    """One model's breaks (the module's definitions), as trained: positions in tokens."""
+    unscaled = ppl[ppl["fix"] == "none"]
+    longest = MECHANISM_LENGTHS[-1]
+    curve = positions[(positions["fix"] == "none") & (positions["length_factor"] == longest)]
+    at = mechanisms[mechanisms["length_factor"] == longest]
+    entropy = {}
+    for layer, rows in at[at["measure"] == "entropy"].groupby("layer"):
+        entropy[int(layer)] = departure(
+            middles(rows), rows["value"].to_numpy(), train_len, ENTROPY_TOLERANCE
+        )
+    first_layer = at[(at["measure"] == "variance") & (at["layer"] == 1)]
+    log_variance = np.log(np.maximum(first_layer["value"].to_numpy(), 1e-30))
+    variance = departure(middles(first_layer), log_variance, train_len, VARIANCE_TOLERANCE)
+    found = [p for p in entropy.values() if p is not None]
+    earliest = min(found) if found else None
+    loss = loss_break(middles(curve), curve["loss"].to_numpy(), train_len)
+    lengths = dict(zip(unscaled["length_factor"], unscaled["perplexity"], strict=True))
+    return {
+        "flat_length": flat_length(lengths),
+        "break_length": break_length(lengths),
+        "loss_break": loss,
+        "entropy_inflection": entropy,
+        "entropy_inflection_earliest": earliest,
+        "variance_departure": variance,
+        "adjacency_change": adjacency_change(mechanisms[mechanisms["measure"] == "adjacency"]),
+        "loss_vs_entropy": order(loss, earliest),
+        "loss_vs_variance": order(loss, variance),
+        "entropy_vs_variance": order(earliest, variance),
+    }
+
+
+def fix_table(ppl: pd.DataFrame) -> pd.DataFrame:
+    """Per model and fix: the flat length, the perplexity at each length and the cost at 1x
+    (perplexity over the unscaled model's at 1x, minus 1)."""
+    rows = []
+    for (model, fix), group in ppl.groupby(["model", "fix"], sort=False):
+        lengths = dict(zip(group["length_factor"], group["perplexity"], strict=True))
+        unscaled = ppl[(ppl["model"] == model) & (ppl["fix"] == "none")]
+        base = float(unscaled[unscaled["length_factor"] == 1]["perplexity"].iloc[0])
+        rows.append(
+            {
+                "model": model,
+                "fix": fix,
+                "flat_length": flat_length(lengths),
+                "cost_at_1x_percent": 100 * (lengths[1] / base - 1),
+                **{f"ppl_{f}x": lengths[f] for f in LENGTHS},
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------ the part
+
+
+def run(settings: Settings, out: Path) -> None:
+    jobs = [
+        Job(f"lm-{pe}", measure_model, (train_run, settings.measures))
+        for pe, train_run in settings.runs.items()
+    ]
+    run_jobs(jobs, out / "runs", "wang2024 language models", settings.workers, what="models")
+    tables: dict[str, list[pd.DataFrame]] = {"perplexity": [], "positions": [], "mechanisms": []}
+    headscale = {}
+    for pe, train_run in settings.runs.items():
+        key = f"lm-{pe}"
+        record = json.loads((out / "runs" / key / RESULT_FILE).read_text())
+        labels = {"model": key, "pos_encoding": pe, "seed": train_run.train.seed}
+        for name, frames in tables.items():
+            frames.append(pd.DataFrame(record[name]).assign(**labels)[[*labels, *record[name][0]]])
+        headscale[key] = record["headscale"]["scales"]
+    ppl, positions, mechanisms = (
+        pd.concat(frames, ignore_index=True) for frames in tables.values()
+    )
+    ppl.to_parquet(out / "perplexity.parquet", index=False)
+    positions.to_parquet(out / "positions.parquet", index=False)
+    mechanisms.to_parquet(out / "mechanisms.parquet", index=False)
+    train_len = next(iter(settings.runs.values())).train.seq_len
+    breaks = {
+        key: model_breaks(
+            train_len,
+            ppl[ppl["model"] == key],
+            positions[positions["model"] == key],
+            mechanisms[mechanisms["model"] == key],
+        )
+        for key in ppl["model"].unique()
+    }
+    fixes = fix_table(ppl)
+    write_json(
+        out / "summary.json",
+        {
+            "train_len": train_len,
+            "breaks": breaks,
+            "fixes": fixes.to_dict("records"),
+            "headscale": headscale,
+        },
+    )
+    plots.perplexity_by_fix(ppl, LABELS, out / "perplexity.png")
+    plots.mechanisms_by_position(mechanisms, LABELS, train_len, out / "mechanisms.png")
+    (out / "summary.md").write_text(summary_text(settings, breaks, fixes, headscale))
+
+
+# ------------------------------------------------------------------------ summary
+
+
+def _position(p: float | None, train_len: int) -> str:
+    return f"none {UP_TO}" if p is None else f"{p:.0f} ({p / train_len:.2g}x)"
+
+
+def _length(factor: int | None) -> str:
+    return "none up to the longest length" if factor is None else f"{factor}x"
+
+
+def _relation(relation: str, first: str, second: str) -> str:
+    """A clause for :func:`order`'s ``relation`` of ``first`` to ``second``."""
+    if relation == "neither":
+        return f"neither the {first} nor the {second} is found {UP_TO}"
+    if relation.startswith("only"):
+        found, missing = (first, second) if relation == "only first" else (second, first)
+        return f"the {found} is found but no {missing} {UP_TO}"
+    return f"the {first} comes {relation} the {second}"
+
+
+def _verdict(key: str, b: dict[str, Any], train_len: int) -> str:
+    """Plain sentences about one model's breaks."""
+    name = LABELS[key.removeprefix("lm-")]
+    adjacency = b["adjacency_change"]
+    moved = f"does not move {UP_TO}" if adjacency is None else f"first moves at {adjacency}x"
+    mechanisms = _relation(b["entropy_vs_variance"], "entropy inflection", "variance departure")
+    return (
+        f"{name}: the perplexity is flat up to {b['flat_length']}x T (first length past it: "
+        f"{_length(b['break_length'])}). By position: loss break "
+        f"{_position(b['loss_break'], train_len)}, entropy inflection "
+        f"{_position(b['entropy_inflection_earliest'], train_len)}, variance departure "
+        f"{_position(b['variance_departure'], train_len)}; "
+        f"{_relation(b['loss_vs_entropy'], 'loss break', 'entropy inflection')}; "
+        f"{_relation(b['loss_vs_variance'], 'loss break', 'variance departure')}; of the two "
+        f"mechanisms, {mechanisms}. "
+        f"The adjacency score {moved}."
+    )
+
+
+def _fix_verdict(fixes: pd.DataFrame, key: str) -> str:
+    rows = fixes[fixes["model"] == key].set_index("fix")
+    flat = int(rows.loc["none", "flat_length"])
+    best = rows.drop(index="none").sort_values(
+        ["flat_length", "cost_at_1x_percent"], ascending=[True, False]
+    )
+    top = best.index[-1]
+    gain = int(best.loc[top, "flat_length"])
+    name = LABELS[key.removeprefix("lm-")]
+    helps = (
+        "extends it"
+        if gain > flat
+        else "cannot extend it (flat at every length already)"
+        if flat == LENGTHS[-1]
+        else "does not extend it"
+    )
+    return (
+        f"{name}: flat up to {flat}x as trained; the best fix ({top}) reaches {gain}x, so "
+        f"scaling {helps}, at a cost of {best.loc[top, 'cost_at_1x_percent']:+.2f} % "
+        f"perplexity at 1x; HeadScale reaches {int(rows.loc['headscale', 'flat_length'])}x "
+        f"({rows.loc['headscale', 'cost_at_1x_percent']:+.2f} % at 1x)."
+    )
+
+
+def summary_text(
+    settings: Settings,
+    breaks: dict[str, dict[str, Any]],
+    fixes: pd.DataFrame,
+    headscale: dict[str, list[list[float]]],
+) -> str:
+    """``summary.md``: the breaks of each model and what each fix does."""
+    first = settings.runs["none"]
+    m, t, s = first.model, first.train, settings.measures
+    rows = []
+    for key, b in breaks.items():
+        rows.append(
+            {
+                "model": LABELS[key.removeprefix("lm-")],
+                "flat length": f"{b['flat_length']}x",
+                "loss break": _position(b["loss_break"], t.seq_len),
+                "entropy inflection": _position(b["entropy_inflection_earliest"], t.seq_len),
+                "variance departure (layer 1)": _position(b["variance_departure"], t.seq_len),
+                "adjacency change": f"none {UP_TO}"
+                if b["adjacency_change"] is None
+                else f"{b['adjacency_change']}x",
+            }
+        )
+    scales = [
+        {"model": LABELS[key.removeprefix("lm-")], "layer": layer, "scales": ", ".join(
+            f"{v:.2f}" for v in values
+        )}
+        for key, layers in headscale.items()
+        for layer, values in enumerate(layers, 1)
+    ]  # fmt: skip
+    shown = fixes.assign(model=fixes["model"].str.removeprefix("lm-").map(LABELS))
+    return fill(
+        "wang2024",
+        **shape_values(m),
+        **schedule_values(t),
+        eval_tokens=s.eval_tokens,
+        samples=s.samples,
+        lengths=", ".join(f"{f}x" for f in LENGTHS),
+        mechanism_lengths=", ".join(f"{f}x" for f in MECHANISM_LENGTHS),
+        headscale_length=f"{s.headscale['length_factor']}x",
+        headscale_steps=s.headscale["steps"],
+        headscale_lr=f"{s.headscale['lr']:g}",
+        entropy_tolerance=f"{ENTROPY_TOLERANCE:g}",
+        variance_tolerance=f"{VARIANCE_TOLERANCE:g}",
+        adjacency_tolerance=f"{ADJACENCY_TOLERANCE:g}",
+        coincide=f"{COINCIDE:g}",
+        flat_sentence=" ".join(
+            f"{LABELS[key.removeprefix('lm-')]} stays flat up to {b['flat_length']}x T."
+            for key, b in breaks.items()
+        ),
+        breaks_table=markdown_table(pd.DataFrame(rows)),
+        verdicts="\n\n".join(_verdict(key, b, t.seq_len) for key, b in breaks.items()),
+        fixes_table=markdown_table(shown, ".3f"),
+        fix_verdicts="\n\n".join(_fix_verdict(fixes, key) for key in breaks),
+        scales_table=markdown_table(pd.DataFrame(scales)),
+    )

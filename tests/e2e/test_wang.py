@@ -1,0 +1,84 @@
+"""``nopelab reproduce wang2024`` at smoke scale: every table's rows, the files, and a resume."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from nopelab.cli import main
+from nopelab.experiments.wang2024 import LENGTHS, MECHANISM_LENGTHS, SCALES
+
+FILES = (
+    "perplexity.parquet",
+    "positions.parquet",
+    "mechanisms.parquet",
+    "perplexity.png",
+    "mechanisms.png",
+    "summary.json",
+    "summary.md",
+)
+
+
+def reproduce(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        sys, "argv", ["nopelab", "reproduce", *args, "--scale", "smoke", "--device", "cpu"]
+    )
+    main()
+
+
+@pytest.mark.slow
+def test_wang2024_smoke_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "wang"
+    reproduce(["wang2024", "--out", str(out)], monkeypatch)
+    for name in FILES:
+        assert (out / name).is_file(), name
+    scale = SCALES["smoke"]
+    models = ["lm-none", "lm-rope"]
+    fixes = ["none", *(f"uniform {c:g}" for c in scale["uniform"]), "headscale"]
+
+    ppl = pd.read_parquet(out / "perplexity.parquet")
+    keys = set(zip(ppl["model"], ppl["fix"], ppl["length_factor"], strict=True))
+    assert len(ppl) == len(keys) == len(models) * len(fixes) * len(LENGTHS)
+    assert keys == set(itertools.product(models, fixes, LENGTHS))
+    assert set(ppl["pos_encoding"]) == {"none", "rope"} and set(ppl["seed"]) == {0}
+    one = ppl[ppl["length_factor"] == 1].set_index(["model", "fix"])["perplexity"]
+    for model in models:  # a uniform factor of 1 is the model as trained
+        assert one[(model, "uniform 1")] == one[(model, "none")]
+
+    positions = pd.read_parquet(out / "positions.parquet")
+    covered = positions.groupby(["model", "fix", "length_factor", "length"])
+    assert len(covered) == len(keys)
+    for (_, _, _, length), rows in covered:
+        assert rows["bucket_start"].iloc[0] == 1 and rows["bucket_end"].iloc[-1] == length
+        assert rows["tokens"].sum() > 0
+
+    mechanisms = pd.read_parquet(out / "mechanisms.parquet")
+    layers = range(1, scale["model"]["n_layers"] + 1)
+    measures = ["entropy", "variance", "adjacency"]
+    columns = ["model", "length_factor", "layer", "measure"]
+    found = set(mechanisms[columns].itertuples(index=False, name=None))
+    assert found == set(itertools.product(models, MECHANISM_LENGTHS, layers, measures))
+    assert mechanisms["value"].notna().all()
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["breaks"]) == set(models)
+    assert "NoPE stays flat up to" in (out / "summary.md").read_text()
+
+    # interrupted before one model finished: --resume trains and measures only it, to the same rows
+    kept = (out / "runs" / "lm-none" / "measured.json").stat().st_mtime_ns
+    shutil.rmtree(out / "runs" / "lm-rope")
+    for name in FILES:
+        (out / name).unlink()
+    reproduce(["wang2024", "--out", str(out), "--resume"], monkeypatch)
+    for name in ("perplexity", "positions", "mechanisms"):
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(out / f"{name}.parquet"),
+            {"perplexity": ppl, "positions": positions, "mechanisms": mechanisms}[name],
+        )
+    assert (out / "runs" / "lm-none" / "measured.json").stat().st_mtime_ns == kept
