@@ -57,7 +57,7 @@ def _unit(h: Tensor, norms: Tensor | None = None) -> Tensor:
 
 
 def cosine_row_blocks(
-    h: Tensor, min_block: int = 64, norms: Tensor | None = None
+    h: Tensor, min_block: int = 64, norms: Tensor | None = None, align: int = 1
 ) -> Iterator[tuple[int, Tensor]]:
     """The cosine matrix's lower triangle (diagonal included) in row blocks, without the rest.
 
@@ -66,11 +66,13 @@ def cosine_row_blocks(
     about (k + 1) / 2k of the full product for k blocks (here 8, of at least ``min_block`` rows,
     fewer rows where a block would exceed :data:`BLOCK_ELEMENTS` per sample: long contexts).
     Each block is a fresh contiguous tensor: nothing of size T x T is allocated or copied.
-    ``norms`` (B, T), if given, are ``h``'s norms, already computed.
+    ``norms`` (B, T), if given, are ``h``'s norms, already computed; every block but the last
+    has a multiple of ``align`` rows.
     """
     unit = _unit(h, norms)
     T = unit.shape[-2]
     block = max(min_block, min(-(-T // 8), BLOCK_ELEMENTS // T))
+    block = -(-block // align) * align
     for start in range(0, T, block):
         stop = min(start + block, T)
         yield start, unit[..., start:stop, :] @ unit[..., :stop, :].transpose(-2, -1)
@@ -220,17 +222,14 @@ def distance_sums(block: Tensor, start: int) -> Tensor:
 
 
 def block_sums(lower: Tensor, start: int, block: int, out: Tensor) -> None:
-    """Add a row block of the lower triangle (R, C), rows from ``start``, into ``out``: the
-    sums over ``block`` x ``block`` squares of positions (K, K); entries above the diagonal
-    (columns j > i, in the block's last R columns) are left out."""
+    """Add a row block of the lower triangle (R, C), rows from ``start`` (a multiple of
+    ``block``), into ``out``: the sums over ``block`` x ``block`` squares of positions (K, K);
+    entries above the diagonal (columns j > i, in the block's last R columns) are left out."""
     R, C = lower.shape
-    rows = torch.arange(start, start + R, device=lower.device) // block
-    first = int(rows[0])
-    by_row = torch.zeros(int(rows[-1]) - first + 1, C, dtype=lower.dtype, device=lower.device)
-    by_row.index_add_(0, rows - first, lower)
-    above = lower[:, start:].triu(1)  # the square's entries above its diagonal
-    by_row[:, start:].index_add_(0, rows - first, above, alpha=-1)
-    columns = -(-C // block)
-    by_row = torch.nn.functional.pad(by_row, (0, columns * block - C))
-    sums = by_row.view(len(by_row), columns, block).sum(-1).to(out.dtype)
-    out[first : first + len(sums), :columns] += sums
+    rows, columns = -(-R // block), -(-C // block)
+    if R % block or C % block:  # the last row block: zeros make whole squares
+        lower = torch.nn.functional.pad(lower, (0, columns * block - C, 0, rows * block - R))
+    sums = lower.view(rows, block, columns, block).sum((1, 3))
+    above = lower[:, start : start + rows * block].triu(1)  # the square above its diagonal
+    sums[:, start // block :] -= above.view(rows, block, rows, block).sum((1, 3))
+    out[start // block : start // block + rows, :columns] += sums.to(out.dtype)

@@ -113,7 +113,7 @@ class SiteStats:
         self.norm_sum += norms.sum(0).double()
         # The cosine matrix's lower triangle, a row block at a time: all that the scores read.
         counts = AdjacencyCounts.zeros(B)
-        for start, block in cosine_row_blocks(h, norms=norms):  # (B, rows, stop)
+        for start, block in cosine_row_blocks(h, norms=norms, align=self.block):
             stop, summed = block.shape[-1], block.sum(0)
             if self.block == 1:
                 self.cosine_sum[start:stop, :stop] += summed

@@ -131,7 +131,7 @@ def test_attention_entropy_and_logit_spread() -> None:
     assert attention.logit_variance[1:].max() < 1e-6
 
 
-@pytest.mark.parametrize(("T", "max_matrix"), [(13, 5), (13, 4), (40, 7), (64, 8)])
+@pytest.mark.parametrize(("T", "max_matrix"), [(13, 5), (13, 4), (40, 7), (64, 8), (200, 30)])
 def test_long_context_state_equals_the_whole_matrix(T: int, max_matrix: int) -> None:
     """Past ``max_matrix`` positions the cosine is kept as block means and summed by distance on
     the fly: the same numbers as reducing the whole T x T matrix."""
