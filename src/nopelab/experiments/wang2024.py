@@ -440,27 +440,33 @@ def _verdict(key: str, b: dict[str, Any], train_len: int) -> str:
     )
 
 
-def _fix_verdict(fixes: pd.DataFrame, key: str) -> str:
+def _fix_verdict(fixes: pd.DataFrame, key: str, target: int) -> str:
+    """Whether a fix extends the flat length, and what each does at the length HeadScale trains
+    at (``target`` x T)."""
     rows = fixes[fixes["model"] == key].set_index("fix")
     flat = int(rows.loc["none", "flat_length"])
-    best = rows.drop(index="none").sort_values(
-        ["flat_length", "cost_at_1x_percent"], ascending=[True, False]
-    )
-    top = best.index[-1]
+    uniform = rows.drop(index=["none", "headscale"])
+    best = uniform.sort_values(["flat_length", "cost_at_1x_percent"], ascending=[False, True])
+    top = best.index[0]
     gain = int(best.loc[top, "flat_length"])
     name = LABELS[key.removeprefix("lm-")]
-    helps = (
-        "extends it"
-        if gain > flat
-        else "cannot extend it (flat at every length already)"
-        if flat == LENGTHS[-1]
-        else "does not extend it"
-    )
+    at = f"ppl_{target}x"
+    closest = uniform[at].idxmin()
+    if gain > flat:
+        extends = (
+            f"{top} extends it to {gain}x ({best.loc[top, 'cost_at_1x_percent']:+.2f} % at 1x)"
+        )
+    elif flat == LENGTHS[-1]:
+        extends = "no factor can extend it (flat at every length already)"
+    else:
+        extends = "no uniform factor extends it"
     return (
-        f"{name}: flat up to {flat}x as trained; the best fix ({top}) reaches {gain}x, so "
-        f"scaling {helps}, at a cost of {best.loc[top, 'cost_at_1x_percent']:+.2f} % "
-        f"perplexity at 1x; HeadScale reaches {int(rows.loc['headscale', 'flat_length'])}x "
-        f"({rows.loc['headscale', 'cost_at_1x_percent']:+.2f} % at 1x)."
+        f"{name}: flat up to {flat}x as trained; {extends}; HeadScale reaches "
+        f"{int(rows.loc['headscale', 'flat_length'])}x "
+        f"({rows.loc['headscale', 'cost_at_1x_percent']:+.2f} % at 1x). At {target}x, where "
+        f"HeadScale trains, the perplexity is {rows.loc['none', at]:.3f} as trained, "
+        f"{uniform.loc[closest, at]:.3f} with the best uniform factor ({closest}) and "
+        f"{rows.loc['headscale', at]:.3f} with HeadScale."
     )
 
 
@@ -517,6 +523,8 @@ def summary_text(
         breaks_table=markdown_table(pd.DataFrame(rows)),
         verdicts="\n\n".join(_verdict(key, b, t.seq_len) for key, b in breaks.items()),
         fixes_table=markdown_table(shown, ".3f"),
-        fix_verdicts="\n\n".join(_fix_verdict(fixes, key) for key in breaks),
+        fix_verdicts="\n\n".join(
+            _fix_verdict(fixes, key, s.headscale["length_factor"]) for key in breaks
+        ),
         scales_table=markdown_table(pd.DataFrame(scales)),
     )
