@@ -1,5 +1,6 @@
-"""Helpers the tests import: the command-line runner, its error line, and the stored
-reference summaries of the reproductions."""
+"""Helpers the tests import: the command-line runner, its error line, a reproduction at smoke
+scale, a tiny language model trained on text, and the stored reference summaries of the
+reproductions."""
 
 from __future__ import annotations
 
@@ -22,6 +23,34 @@ def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0
+
+
+def reproduce(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``nopelab reproduce ARGS --scale smoke --device cpu`` in this process."""
+    monkeypatch.setattr(
+        sys, "argv", ["nopelab", "reproduce", *args, "--scale", "smoke", "--device", "cpu"]
+    )
+    main()
+
+
+CORPUS = "the quick brown fox jumps over the lazy dog. " * 200  # 9000 bytes, 450 held out
+
+
+def text_run(folder: Path, n_layers: int = 1, **model: Any) -> Path:
+    """A two-step byte-level language model trained on :data:`CORPUS` with a context of 16,
+    in ``folder/run``."""
+    from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
+    from nopelab.training.run import TrainRun
+    from nopelab.training.train import train
+
+    (folder / "corpus.txt").write_text(CORPUS)
+    run = TrainRun(
+        model=ModelConfig(vocab_size=256, d_model=16, n_layers=n_layers, n_heads=2, **model),
+        train=TrainConfig(steps=2, batch_size=4, seq_len=16, eval_every=2, warmup=1, device="cpu"),
+        corpus=CorpusConfig(source=str(folder / "corpus.txt")),
+    )
+    train(run, folder / "run", progress=False)
+    return folder / "run"
 
 
 def failure_line(err: str) -> str:

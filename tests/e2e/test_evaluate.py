@@ -5,40 +5,24 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pytest
 
+import helpers
 from helpers import run_cli
-
-CORPUS = "the quick brown fox jumps over the lazy dog. " * 200  # 450 held-out bytes
-
-
-def _text_run(folder: Path, **model: Any) -> Path:
-    """A two-step byte-level language model trained on :data:`CORPUS` with a context of 16."""
-    from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
-    from nopelab.training.run import TrainRun
-    from nopelab.training.train import train
-
-    (folder / "corpus.txt").write_text(CORPUS)
-    run = TrainRun(
-        model=ModelConfig(vocab_size=256, d_model=16, n_layers=1, n_heads=2, **model),
-        train=TrainConfig(steps=2, batch_size=4, seq_len=16, eval_every=2, warmup=1, device="cpu"),
-        corpus=CorpusConfig(source=str(folder / "corpus.txt")),
-    )
-    train(run, folder / "run", progress=False)
-    return folder / "run"
 
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _text_run(tmp_path_factory.mktemp("nope"))
+    return helpers.text_run(tmp_path_factory.mktemp("nope"))
 
 
 @pytest.fixture(scope="module")
 def learned_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _text_run(tmp_path_factory.mktemp("learned"), pos_encoding="learned", max_seq_len=16)
+    return helpers.text_run(
+        tmp_path_factory.mktemp("learned"), pos_encoding="learned", max_seq_len=16
+    )
 
 
 def test_evaluate_writes_loss_by_position_and_perplexity(
@@ -130,10 +114,10 @@ def hf_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer.decoder = decoders.ByteLevel()
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     trainer = trainers.BpeTrainer(vocab_size=260, initial_alphabet=alphabet)
-    tokenizer.train_from_iterator([CORPUS], trainer)
+    tokenizer.train_from_iterator([helpers.CORPUS], trainer)
     tiny("llama", vocab_size=300).save_pretrained(folder)
     PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(folder)
-    (folder.parent / "text.txt").write_text(CORPUS)
+    (folder.parent / "text.txt").write_text(helpers.CORPUS)
     return folder
 
 

@@ -17,8 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import assert_matches_reference
-from nopelab.cli import main
+from helpers import assert_matches_reference, reproduce
 from nopelab.config import ModelConfig, RunConfig, TrainConfig
 from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS, chi2023_pretrained
@@ -30,13 +29,6 @@ from nopelab.sweep.runner import DONE
 from nopelab.training.run import TrainRun
 from nopelab.training.task_config import TaskConfig
 from nopelab.training.train import train
-
-
-def reproduce(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(
-        sys, "argv", ["nopelab", "reproduce", *args, "--scale", "smoke", "--device", "cpu"]
-    )
-    main()
 
 
 @pytest.mark.slow

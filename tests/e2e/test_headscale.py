@@ -12,30 +12,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import helpers
 from helpers import run_cli
 
-CORPUS = "the quick brown fox jumps over the lazy dog. " * 200  # 8550 training bytes
 
-
-def _text_run(folder: Path, **model: Any) -> Path:
-    """A two-step byte-level language model trained on :data:`CORPUS` with a context of 16."""
-    from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
-    from nopelab.training.run import TrainRun
-    from nopelab.training.train import train
-
-    (folder / "corpus.txt").write_text(CORPUS)
-    run = TrainRun(
-        model=ModelConfig(vocab_size=256, d_model=16, n_layers=2, n_heads=2, **model),
-        train=TrainConfig(steps=2, batch_size=4, seq_len=16, eval_every=2, warmup=1, device="cpu"),
-        corpus=CorpusConfig(source=str(folder / "corpus.txt")),
-    )
-    train(run, folder / "run", progress=False)
-    return folder / "run"
+def _two_layers(folder: Path, **model: Any) -> Path:
+    return helpers.text_run(folder, n_layers=2, **model)
 
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _text_run(tmp_path_factory.mktemp("nope"))
+    return _two_layers(tmp_path_factory.mktemp("nope"))
 
 
 def headscale(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,6 +169,6 @@ def test_runs_it_cannot_scale_are_refused(
     assert err.startswith("run: headscale needs a language model trained on text")
     err = _refused([str(tmp_path / "missing"), "--uniform", "2"], tmp_path, monkeypatch, capsys)
     assert err.startswith("run: ") and "has no config.json" in err
-    learned = _text_run(tmp_path.parent, pos_encoding="learned", max_seq_len=24)
+    learned = _two_layers(tmp_path.parent, pos_encoding="learned", max_seq_len=24)
     err = _refused([str(learned), "--length", "2"], tmp_path, monkeypatch, capsys)
     assert err == "--length: 2x is 32 tokens, beyond the learned position table of 24"

@@ -5,22 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from helpers import run_cli
-from nopelab.cli import main
+from helpers import reproduce, run_cli
 from nopelab.experiments.kazemnejad2023 import POS_ENCODINGS, SCALES, STRETCH
-
-
-def reproduce(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(
-        sys, "argv", ["nopelab", "reproduce", *args, "--scale", "smoke", "--device", "cpu"]
-    )
-    main()
 
 
 @pytest.mark.slow

@@ -5,13 +5,12 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from nopelab.cli import main
+from helpers import reproduce
 from nopelab.experiments.wang2024 import LENGTHS, MECHANISM_LENGTHS, SCALES
 
 FILES = (
@@ -23,13 +22,6 @@ FILES = (
     "summary.json",
     "summary.md",
 )
-
-
-def reproduce(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(
-        sys, "argv", ["nopelab", "reproduce", *args, "--scale", "smoke", "--device", "cpu"]
-    )
-    main()
 
 
 @pytest.mark.slow
