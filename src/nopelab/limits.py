@@ -86,13 +86,13 @@ def statistics_bytes(analysis: AnalysisConfig, n_layers: int) -> int:
     """The statistics' state of every site and layer (the kept cosine matrix, at most
     ``MAX_MATRIX`` on a side, and a few vectors of T), one batch's row block of similarities
     with its pair counting, and the reduction of the kept matrices into a report."""
-    from nopelab.measure.metrics import BLOCK_ELEMENTS
+    from nopelab.measure.metrics import row_block
     from nopelab.measure.stats import matrix_block
 
     T = analysis.seq_len
     side = -(-T // matrix_block(T))
     site_layers = sum(1 if site == "embed" else n_layers for site in analysis.sites)
-    rows = min(T, max(64, min(-(-T // 8), BLOCK_ELEMENTS // T)))
+    rows = min(T, row_block(T, align=matrix_block(T)))
     block = ROW_BLOCK * analysis.batch_size * rows * T
     vectors = SITE_VECTORS * site_layers * T
     return (SITE_MATRIX * site_layers + REPORT_MATRICES) * side**2 + vectors + block

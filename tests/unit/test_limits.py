@@ -84,7 +84,7 @@ def test_a_model_that_does_not_fit_is_refused(monkeypatch: pytest.MonkeyPatch) -
     [
         (["analyze", "--layers", "1000000000"], "--layers, --d-model or --vocab-size: analysing"),
         (["analyze", "--d-model", "1000000000", "--heads", "1"], "--layers, --d-model or"),
-        (["analyze", "--seq-len", "2000000"], "--batch-size or --seq-len: analysing needs"),
+        (["analyze", "--seq-len", "2000000"], "--seq-len or --sites: analysing needs about"),
         (["probe", "--layers", "1000000000"], "--layers, --d-model or --vocab-size: analysing"),
         (["train", "--task", "add", "--layers", "100000"], "training needs about"),
         (["train", "--task", "add", "--seq-len", "1000000"], "--batch-size, --seq-len or"),

@@ -112,7 +112,11 @@ def headscale(
 def _check_flags(uniform: float | None, *training: float | None) -> None:
     """Refuse flags of the other mode, a missing --length and numbers out of range."""
     flags = ("--length", "--steps", "--lr", "--init-scale", "--batch-size", "--seed")
-    typed = [flag for flag, value in zip(flags, training, strict=True) if value is not None]
+    typed = [  # --seed is taken in both modes (the uniform one draws nothing)
+        flag
+        for flag, value in zip(flags, training, strict=True)
+        if value is not None and flag != "--seed"
+    ]
     if uniform is not None:
         if typed:
             raise UserError(f"{typed[0]}: only applies to training head scales, not --uniform")

@@ -7,7 +7,7 @@ information". The study probes their model (pre-LN, normal init σ = 0.02) cross
 embeddings), the site (``attn_out``, ``resid_post``), the probe (ridge regression, a
 one-hidden-layer ReLU MLP) and its features (the raw vector, its log norm, its log variance over
 coordinates), at several counts of training sequences, per layer: mean absolute error on held-out
-sequences against the baseline of predicting the middle (T/4). Beside the probes, the squared norm
+sequences against the baseline of predicting the middle (its MAE is T/4). Beside the probes, the squared norm
 of the block input and of layer 1's attention output by position says how large the position
 signal is against the vector it rides on.
 """

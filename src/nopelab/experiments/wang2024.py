@@ -16,7 +16,7 @@ Byte-level NoPE and RoPE language models are trained at a short length T, one jo
 Where each breaks, on the bucketed curves at the longest analysed length (8x):
 
 * the *flat length* (:func:`~nopelab.measure.length.flat_length`): the longest length whose
-  perplexity is within 10 % of the 1x one; the *loss break* (:func:`loss_break`): the first
+  perplexity, and that of every shorter length, is at most 10 % above the 1x one; the *loss break* (:func:`loss_break`): the first
   position past T from which the loss per position stays more than ln 1.1 nats above its level
   over positions T/2..T;
 * the *entropy inflection* and the *variance departure* (:func:`departure`): the first position
@@ -122,6 +122,9 @@ def settings(scale: str, seed: int, device: str) -> Settings:
     measures = Measures(
         s["eval_tokens"], s["buckets"], s["samples"], tuple(s["uniform"]), s["headscale"]
     )
+    longest = LENGTHS[-1] * s["train"]["seq_len"]
+    if measures.eval_tokens < longest:  # at least one window at every length
+        raise ValueError(f"scale {scale}: eval_tokens must be at least {longest}")
     return Settings(runs, measures, default_workers(device))
 
 

@@ -71,11 +71,17 @@ def cosine_row_blocks(
     """
     unit = _unit(h, norms)
     T = unit.shape[-2]
-    block = max(min_block, min(-(-T // 8), BLOCK_ELEMENTS // T))
-    block = -(-block // align) * align
+    block = row_block(T, min_block, align)
     for start in range(0, T, block):
         stop = min(start + block, T)
         yield start, unit[..., start:stop, :] @ unit[..., :stop, :].transpose(-2, -1)
+
+
+def row_block(T: int, min_block: int = 64, align: int = 1) -> int:
+    """Rows per block of :func:`cosine_row_blocks`: an eighth of T, at least ``min_block``, at
+    most :data:`BLOCK_ELEMENTS` / T, rounded up to a multiple of ``align``."""
+    block = max(min_block, min(-(-T // 8), BLOCK_ELEMENTS // T))
+    return -(-block // align) * align
 
 
 def symmetric_from_lower(lower: Tensor) -> Tensor:
@@ -216,6 +222,7 @@ def distance_sums(block: Tensor, start: int) -> Tensor:
     the entry at distance C - e. O(R C) time and one copy of the block.
     """
     R, C = block.shape
+    assert start + R == C, "a row block of the lower triangle ends at its last row"
     padded = torch.nn.functional.pad(block, (R, 0))  # (R, C + R)
     skewed = padded.flatten().as_strided((R, C + 1), (C + R + 1, 1))
     return skewed.sum(0)[1:].flip(0)

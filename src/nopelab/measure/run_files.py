@@ -8,7 +8,8 @@ A run directory holds:
 * ``distance.parquet`` — layer, site, distance, mean cosine similarity at that distance;
 * ``attention.parquet`` — with ``--attn-entropy``: layer, position, entropy, uniform_entropy,
   logit_variance;
-* ``cosine.npz`` — one T x T mean cosine matrix per (site, layer), named ``{site}_{layer}``;
+* ``cosine.npz`` — one mean cosine matrix per (site, layer), named ``{site}_{layer}``: T x T up
+  to 1024 positions, block means over squares of ceil(T / 1024) positions beyond;
 * ``variance.png``, ``distance.png``, ``cosine_{site}.png``, ``scores.png`` (and ``attention.png``);
 * ``summary.md`` — the headline numbers in a table.
 """
@@ -203,7 +204,9 @@ class WrittenAnalysis:
 
     rows: list[dict[str, Any]]  # summary.json's rows (a non-finite score reads as None)
     positions: pd.DataFrame  # positions.parquet
-    cosine: dict[tuple[str, int], np.ndarray]  # (site, layer) -> T x T, float32
+    cosine: dict[
+        tuple[str, int], np.ndarray
+    ]  # (site, layer) -> T x T (block means past 1024), float32
 
     def variance(self, site: str, layer: int) -> np.ndarray:
         """Variance against position (1-based, in order) at one site and layer."""

@@ -322,6 +322,7 @@ def _check_resumable(out: Path, marker: dict[str, Any]) -> None:
         stored = json.loads(path.read_text())
     except (OSError, ValueError, UnicodeDecodeError):
         raise UserError(f"--resume: {path} is not valid JSON") from None
+    marker = json.loads(json.dumps(marker))  # as stored: tuples become lists
     if stored != marker:
         key = next(k for k in sorted(set(stored) | set(marker)) if stored.get(k) != marker.get(k))
         raise UserError(

@@ -68,7 +68,9 @@ def rescaled(model: Transformer, logit_scale: float, head_scales: bool) -> Trans
     cfg = dataclasses.replace(model.cfg, logit_scale=logit_scale, head_scales=head_scales)
     copy = Transformer(cfg)
     weights = {k: w for k, w in model.state_dict().items() if not k.endswith(".head_scale")}
-    copy.load_state_dict(weights, strict=not head_scales)
+    missing, unexpected = copy.load_state_dict(weights, strict=False)
+    if unexpected or any(not key.endswith(".head_scale") for key in missing):
+        raise ValueError(f"weights do not fit: missing {missing}, unexpected {unexpected}")
     return copy.to(next(model.parameters()).device).eval()
 
 

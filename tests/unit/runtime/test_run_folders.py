@@ -339,3 +339,16 @@ def test_a_lock_creates_missing_parents_and_removes_them_when_left_empty(tmp_pat
         (tmp_path / "a" / "b" / "out").mkdir()
     assert (tmp_path / "a" / "b" / "out").is_dir()
     assert not (tmp_path / "a" / "b" / ".out.lock").exists()
+
+
+def test_a_marker_with_tuples_resumes(tmp_path: Path) -> None:
+    """A resumable run's marker goes through JSON (tuples become lists): the same settings typed
+    again, e.g. ``--samples 4,16``, must match it; other values must not."""
+    from nopelab.errors import UserError
+    from nopelab.runtime.rundir import MARKER, _check_resumable
+
+    marker = {"paper": "chi2023", "samples": (4, 16), "sizes": [{"d_model": 24}]}
+    (tmp_path / MARKER).write_text(json.dumps(marker))
+    _check_resumable(tmp_path, marker)
+    with pytest.raises(UserError, match="samples is \\[4, 32\\]"):
+        _check_resumable(tmp_path, {**marker, "samples": (4, 32)})
