@@ -127,6 +127,20 @@ BAD_INPUT = {
         ("RUN", "Missing option '--out'"),
         ("RUN --out " + "b/" * 2000, "--out: the path is"),
     ],
+    "evaluate": [
+        ("RUN", "run: evaluate needs a language model trained on text"),
+        ("no/such/run", "run: no/such/run has no config.json"),
+        ("RUN --lengths 2,1", "--lengths: expected comma-separated whole numbers >= 1"),
+        ("RUN --windows 0", "--windows: input should be greater than or equal to 1"),
+        ("RUN --out RUN --force", "--out:"),
+    ],
+    "headscale": [
+        ("RUN --uniform 1.5", "run: headscale needs a language model trained on text"),
+        ("no/such/run --uniform 2", "run: no/such/run has no config.json"),
+        ("RUN --uniform 0", "--uniform: must be a finite number > 0"),
+        ("RUN --length 4 --lr -1", "--lr: must be a finite number > 0"),
+        ("RUN", "--length: give the multiple of the training length"),
+    ],
     "reproduce": [
         ("vaswani2017", "paper: unknown 'vaswani2017'"),
         ("zuo2025 --part trained-ish", "--part:"),
