@@ -113,6 +113,7 @@ def test_same_seed_same_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert not runs[0]["variance"].equals(runs[2]["variance"])
 
 
+@pytest.mark.slow  # 5-7 s a case; the full suite runs it
 @pytest.mark.parametrize(
     ("suffix", "text"),
     [
@@ -276,6 +277,7 @@ def test_malformed_config_file(tmp_path: Path, capsys, monkeypatch) -> None:
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_existing_output_needs_force(tmp_path: Path, capsys, monkeypatch) -> None:
     out = tmp_path / "run"
     out.mkdir()

@@ -70,6 +70,7 @@ def test_outputs_never_overlap_the_input_run(tmp_path, capsys, monkeypatch) -> N
     assert _tree(run) == before
 
 
+@pytest.mark.slow
 def test_force_replaces_only_a_nopelab_run(tmp_path, capsys, monkeypatch) -> None:
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -265,6 +266,7 @@ def test_a_signal_during_analysis_leaves_nothing(signum, tmp_path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_training_keeps_the_checkpoint(signum, tmp_path) -> None:
     out = tmp_path / "my run"
