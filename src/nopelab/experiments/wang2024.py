@@ -51,7 +51,6 @@ from nopelab.measure.length import (
     chosen_windows,
     flat_length,
     log_buckets,
-    perplexity,
     position_loss,
 )
 from nopelab.models.transformer import Transformer
@@ -167,15 +166,7 @@ def measure_model(run: TrainRun, measures: Measures, folder: Path) -> None:
             batch = max(1, BATCH_TOKENS // length)
             loss = position_loss(variant, pairs, length, batch, device)
             where = {"fix": fix, "logit_scale": scale, "length_factor": factor, "length": length}
-            lengths.append(
-                {
-                    **where,
-                    "loss": loss.mean,
-                    "perplexity": perplexity(loss.mean),
-                    "windows": loss.windows,
-                    "tokens": loss.tokens,
-                }
-            )
+            lengths.append({**where, **loss.row()})
             positions += [{**where, **row} for row in bucket_rows(loss, measures.buckets)]
     record = {
         "perplexity": lengths,

@@ -50,6 +50,15 @@ class PositionLoss:
         """Mean nats per token over every position."""
         return float(self.total.sum() / self.count.sum())
 
+    def row(self) -> dict[str, Any]:
+        """One length's row: mean ``loss``, ``perplexity``, ``windows`` and ``tokens``."""
+        return {
+            "loss": self.mean,
+            "perplexity": perplexity(self.mean),
+            "windows": self.windows,
+            "tokens": self.tokens,
+        }
+
 
 @torch.inference_mode()
 def position_loss(
@@ -195,15 +204,7 @@ def result_tables(losses: Mapping[LengthPlan, PositionLoss], buckets: int) -> Le
     for plan, loss in losses.items():
         where = {"length_factor": plan.factor, "length": plan.length}
         positions += [{**where, **row} for row in bucket_rows(loss, buckets)]
-        lengths.append(
-            {
-                **where,
-                "loss": loss.mean,
-                "perplexity": perplexity(loss.mean),
-                "windows": loss.windows,
-                "tokens": loss.tokens,
-            }
-        )
+        lengths.append({**where, **loss.row()})
     return LengthResult(pd.DataFrame(positions), pd.DataFrame(lengths))
 
 
