@@ -8,7 +8,8 @@ runs it.
 
 1. The chi2023 model (pre-LN NoPE, d = 768, 12 heads, 12 layers) at T = 512 and 2048: wall time
    of a bare forward pass, of one with every statistic at every site (49 sites), and of one that
-   adds the attention entropy (explicit attention); plus a per-site breakdown of the costs.
+   adds the attention entropy per head (recomputed in chunks of query rows); plus a per-site
+   breakdown of the costs.
 2. End to end: the whole ``nopelab analyze`` command (a subprocess: start-up, the statistics,
    writing the tables and figures) on the chi2023 small settings (T = 512, 32 samples of random
    vectors, batch 4, every site) against the bare forward loop over the same inputs.

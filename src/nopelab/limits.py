@@ -24,6 +24,9 @@ STATS = "--seq-len or --sites"
 # layer (64); per similarity of a row block: float32, its float64 copies by distance, the pair
 # counting's sort (32)
 SITE_MATRIX, REPORT_MATRICES, SITE_VECTORS, ROW_BLOCK = 12, 64, 64, 32
+# per logit of the attention statistics' chunk of query rows: the float32 logits, their softmax
+# and its entropies, and what the allocator keeps between chunks (measured: 3 to 6 copies)
+ATTENTION_CHUNK = 24
 
 
 def available_memory() -> int:
@@ -56,8 +59,8 @@ def parameter_count(cfg: ModelConfig) -> int:
 
 def forward_bytes(cfg: ModelConfig, batch_size: int, seq_len: int, scores: bool = False) -> int:
     """The working memory of one forward pass without gradients: a layer's activations, the
-    logits, and (``scores``: ALiBi's bias, attention probabilities asked for) a layer's
-    attention matrix; PyTorch's fused causal attention does not materialise it."""
+    logits, and (``scores``: ALiBi's bias) a layer's attention matrix; PyTorch's fused causal
+    attention does not materialise it."""
     tokens = batch_size * seq_len
     layer = tokens * cfg.d_model * (4 + 2 * cfg.mlp_ratio)
     matrix = batch_size * cfg.n_heads * seq_len * seq_len if scores else 0
@@ -68,18 +71,27 @@ def check_analysis(cfg: ModelConfig, analysis: AnalysisConfig, statistics: bool 
     """Refuse an analysis whose model, batch or (``statistics``) T x T statistics per site and
     layer would not fit."""
     batch, seq_len = analysis.batch_size, analysis.seq_len
-    scores = analysis.attn_entropy or cfg.pos_encoding == "alibi"
+    activations = forward_bytes(cfg, batch, seq_len, scores=cfg.pos_encoding == "alibi")
+    if analysis.attn_entropy:
+        activations += attention_bytes(cfg, batch, seq_len)
     _check(
         "analysing",
         {
             "weights": (4 * parameter_count(cfg), WEIGHTS),
-            "activations": (
-                forward_bytes(cfg, batch, seq_len, scores),
-                "--batch-size or --seq-len",
-            ),
+            "activations": (activations, "--batch-size or --seq-len"),
             "statistics": (statistics_bytes(analysis, cfg.n_layers) if statistics else 0, STATS),
         },
     )
+
+
+def attention_bytes(cfg: ModelConfig, batch_size: int, seq_len: int) -> int:
+    """The working memory of the attention statistics (``attn_entropy``): one chunk of every
+    head's logits, :func:`~nopelab.measure.attention.chunk_rows` query rows against all keys
+    (an ALiBi bias is the T x T term of :func:`forward_bytes`)."""
+    from nopelab.measure.attention import chunk_rows
+
+    rows = min(seq_len, chunk_rows(batch_size, cfg.n_heads, seq_len))
+    return ATTENTION_CHUNK * batch_size * cfg.n_heads * rows * seq_len
 
 
 def statistics_bytes(analysis: AnalysisConfig, n_layers: int) -> int:

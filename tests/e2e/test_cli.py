@@ -77,6 +77,7 @@ def test_analyze_writes_a_complete_run(tmp_path: Path, monkeypatch: pytest.Monke
         "attention.png",
         "summary.md",
         "attention.parquet",
+        "attention_heads.parquet",
         "distance.parquet",
     ):
         assert (out / name).stat().st_size > 0

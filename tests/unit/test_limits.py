@@ -69,6 +69,30 @@ def test_estimates_grow_with_what_they_count(monkeypatch: pytest.MonkeyPatch) ->
     assert needs[1] > needs[0]
 
 
+@pytest.mark.parametrize("pos_encoding", ["none", "alibi"])
+def test_attention_entropy_needs_a_chunk_not_the_matrix(
+    pos_encoding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attention statistics rebuild the logits a chunk of query rows at a time: what they
+    add stays at one chunk (its bound, once T is long enough), not a T x T matrix per head.
+    ALiBi keeps its T x T term: the fused kernel takes its bias as a mask."""
+    activations: list[int] = []
+    monkeypatch.setattr(
+        limits, "_check", lambda doing, parts: activations.append(parts["activations"][0])
+    )
+    model = ModelConfig(d_model=32, n_layers=2, n_heads=2, pos_encoding=pos_encoding)
+    for seq_len in (8192, 16384, 32768):
+        for entropy in (False, True):
+            analysis = AnalysisConfig(seq_len=seq_len, batch_size=1, attn_entropy=entropy)
+            limits.check_analysis(model, analysis)
+    added = [
+        with_ - without for without, with_ in zip(activations[::2], activations[1::2], strict=True)
+    ]
+    assert added == [limits.ATTENTION_CHUNK * 2**22] * 3
+    matrix = 4 * 2 * 32768**2  # float32, 2 heads
+    assert (activations[-2] > matrix) == (pos_encoding == "alibi")
+
+
 def test_a_model_that_does_not_fit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     model, analysis = ModelConfig(d_model=32, n_layers=2, n_heads=2), AnalysisConfig(seq_len=64)
     limits.check_analysis(model, analysis)  # fits on any machine

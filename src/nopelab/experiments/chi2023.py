@@ -26,9 +26,9 @@ from nopelab.experiments.scale_files import RandomInitScale, read_scales
 from nopelab.experiments.summary_template import fill, shape_values
 from nopelab.measure import theory
 from nopelab.measure.analysis import analyze_model
+from nopelab.measure.attention import AttentionResult
 from nopelab.measure.capture import CaptureResult
 from nopelab.measure.run_files import write_analysis
-from nopelab.measure.stats import AttentionResult
 from nopelab.models.transformer import build_model
 from nopelab.probing.pipeline import probe_model
 from nopelab.runtime.device import resolve_device

@@ -33,7 +33,7 @@ from nopelab.errors import UserError
 from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.summary_template import fill, shape_values
 from nopelab.limits import available_memory, size_text
-from nopelab.measure.capture import SiteKey
+from nopelab.measure.sites import SiteKey
 from nopelab.models.transformer import build_model
 from nopelab.probing.features import collect, feature_matrix
 from nopelab.probing.probes import fit_probe, fixed_splits, position_targets, summarize

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from nopelab.config import BLOCK_SITES, DEFAULT_SITES, SITES
 from nopelab.errors import ConfigError
-from nopelab.measure.capture import SiteKey
+from nopelab.measure.sites import Edit, SiteKey, check_site_names, in_model_order
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -160,17 +160,15 @@ class HFModel(nn.Module):
 
     def site_keys(self, sites: Iterable[str] = DEFAULT_SITES) -> list[SiteKey]:
         """(site, layer) for every requested site over the analysed layers, in model order."""
-        sites = list(sites)
+        sites = check_site_names(sites)
         check_sites(self.cfg.model_type, sites)
         keys = []
         for site in sites:
-            if site not in SITES:
-                raise ValueError(f"unknown site {site!r}; allowed: {', '.join(SITES)}")
             if site == "embed":
                 keys.append(("embed", 0))
             else:
                 keys += [(site, layer) for layer in range(1, self.cfg.n_layers + 1)]
-        return sorted(keys, key=lambda key: (key[1], SITES.index(key[0])))
+        return in_model_order(keys)
 
     def observe(
         self, keys: Iterable[SiteKey], fn: Callable[[SiteKey, Tensor], None]
@@ -223,6 +221,46 @@ class HFModel(nn.Module):
         if "resid_post" in sites:
             handles.append(block.register_forward_hook(layer_output))
         return handles
+
+    def edit(self, key: SiteKey, fn: Edit) -> torch.utils.hooks.RemovableHandle:
+        """Hook ``key`` so that every forward pass replaces its activation ``h`` by ``fn(h)``.
+
+        ``resid_mid`` is not any module's output here (nopelab forms it from the layer's input
+        and ``attn_out``), so it cannot be replaced: edit ``attn_out`` instead.
+        """
+        site, layer = key
+        if key not in self.site_keys([site]):
+            raise ConfigError("layers", f"the model has no site {site} at layer {layer}")
+        block = self.layers[max(layer, 1) - 1]
+        if site == "embed":
+
+            def layer_input(module, args, kwargs):
+                if "hidden_states" in kwargs:
+                    return args, {**kwargs, "hidden_states": fn(kwargs["hidden_states"])}
+                return (fn(args[0]), *args[1:]), kwargs
+
+            return block.register_forward_pre_hook(layer_input, with_kwargs=True)
+        if site == "attn_heads":
+            assert self.arch.heads is not None  # site_keys refused attn_heads
+            projection = attrgetter(self.arch.heads)(block)
+            return projection.register_forward_pre_hook(lambda m, args: (fn(args[0]), *args[1:]))
+        if site == "resid_mid":
+            raise ConfigError(
+                "site", "resid_mid of a Hugging Face model is formed by nopelab, not by a module "
+                "that could be edited; edit attn_out instead"
+            )  # fmt: skip
+        if site == "mlp_out":
+            module = attrgetter(self.arch.mlp)(block)
+        else:
+            module = block if site == "resid_post" else attrgetter(self.arch.attn)(block)
+
+        def output(module, args, out):
+            h = _tensor(out)
+            # a mixture of experts may return (B * T, d): its edit sees (B, T, d)
+            new = fn(h.view(args[0].shape)).view(h.shape) if site == "mlp_out" else fn(h)
+            return (new, *out[1:]) if isinstance(out, tuple) else new
+
+        return module.register_forward_hook(output)
 
     def attention_modules(self) -> list[nn.Module]:
         """The self-attention module of every analysed layer."""

@@ -8,6 +8,7 @@ A run directory holds:
 * ``distance.parquet`` — layer, site, distance, mean cosine similarity at that distance;
 * ``attention.parquet`` — with ``--attn-entropy``: layer, position, entropy, uniform_entropy,
   logit_variance;
+* ``attention_heads.parquet`` — the same per head: layer, head, position, entropy, logit_variance;
 * ``cosine.npz`` — one mean cosine matrix per (site, layer), named ``{site}_{layer}``: T x T up
   to 1024 positions, block means over squares of ceil(T / 1024) positions beyond;
 * ``variance.png``, ``distance.png``, ``cosine_{site}.png``, ``scores.png`` (and ``attention.png``);
@@ -114,6 +115,25 @@ def attention_table(result: CaptureResult) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def attention_heads_table(result: CaptureResult) -> pd.DataFrame:
+    """One row per (layer, head, position), heads and positions 1-based."""
+    frames = []
+    for layer, stats in result.attention.items():
+        heads, T = stats.head_entropy.shape
+        frames.append(
+            pd.DataFrame(
+                {
+                    "layer": layer,
+                    "head": np.repeat(np.arange(1, heads + 1), T),
+                    "position": np.tile(np.arange(1, T + 1), heads),
+                    "entropy": stats.head_entropy.ravel(),
+                    "logit_variance": stats.head_logit_variance.ravel(),
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
 def first_layer_theory(cfg: RunConfig) -> np.ndarray | None:
     """Predicted variance of layer 1's ``attn_out`` per position, where the derivation applies.
 
@@ -177,6 +197,7 @@ def write_analysis(
     if result.attention:
         attention = attention_table(result)
         attention.to_parquet(out / "attention.parquet", index=False)
+        attention_heads_table(result).to_parquet(out / "attention_heads.parquet", index=False)
         if figures:
             plots.attention_entropy(attention, out / "attention.png")
     columns = [

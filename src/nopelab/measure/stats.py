@@ -5,8 +5,8 @@ per-position variance and norm, the summed cosine matrix, and running moments of
 per-sample adjacency and norm scores (the plain norm score and Zuo et al.'s pooled one, both
 from the per-sample norms). Up to :data:`MAX_MATRIX` positions the cosine matrix is kept whole;
 beyond, as sums over squares of positions (at most ``MAX_MATRIX`` x ``MAX_MATRIX``, for figures)
-beside the cosine by distance summed on the fly, so that the state is O(T) per site whatever T. :class:`AttentionStats` does the same for one layer's attention
-probabilities (entropy per query position) and scaled logits (their spread).
+beside the cosine by distance summed on the fly, so that the state is O(T) per site whatever T.
+Attention statistics are in :mod:`nopelab.measure.attention`.
 """
 
 from __future__ import annotations
@@ -161,58 +161,4 @@ class SiteStats:
             norm_signed=self.norm_signed,
             norm_score_zuo=self.norm_score_zuo,
             block=self.block,
-        )
-
-
-@dataclass(frozen=True)
-class AttentionResult:
-    """Reduced attention statistics of one layer, indexed by 0-based query position."""
-
-    samples: int
-    entropy: np.ndarray  # (T,) mean entropy of the attention distribution (nats), over heads
-    uniform_entropy: np.ndarray  # (T,) entropy of uniform attention over the visible keys
-    logit_variance: np.ndarray  # (T,) mean variance of the scaled logits over the visible keys
-
-
-class AttentionStats:
-    """Accumulates one layer's attention entropy and logit spread per query position."""
-
-    def __init__(self, seq_len: int, causal: bool, device: torch.device | str = "cpu"):
-        self.causal = causal
-        self.samples = 0
-        self.entropy_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
-        self.logit_var_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
-
-    @torch.no_grad()
-    def update_scores(self, scores: Tensor) -> None:
-        """(B, H, T, T) scaled logits, before masking: their spread over the visible keys."""
-        scores = scores.detach().float()
-        T = scores.shape[-1]
-        visible = scores.tril() if self.causal else scores
-        counts = (
-            torch.arange(1, T + 1, device=scores.device)
-            if self.causal
-            else torch.full((T,), T, device=scores.device)
-        )
-        mean = visible.sum(-1) / counts
-        mean_square = torch.linalg.vector_norm(visible, dim=-1).square() / counts
-        variance = (mean_square - mean.square()).clamp_min(0)  # (B, H, T)
-        self.logit_var_sum += variance.mean(1).sum(0).double()
-
-    @torch.no_grad()
-    def update_probs(self, probs: Tensor) -> None:
-        """(B, H, T, T) attention probabilities: their entropy per query."""
-        entropy = torch.special.entr(probs.detach().float()).sum(-1)  # (B, H, T), nats
-        self.samples += probs.shape[0]
-        self.entropy_sum += entropy.mean(1).sum(0).double()
-
-    def result(self) -> AttentionResult:
-        T = self.entropy_sum.shape[0]
-        n = max(self.samples, 1)
-        visible = np.arange(1, T + 1) if self.causal else np.full(T, T)
-        return AttentionResult(
-            samples=self.samples,
-            entropy=(self.entropy_sum / n).cpu().numpy(),
-            uniform_entropy=np.log(visible),
-            logit_variance=(self.logit_var_sum / n).cpu().numpy(),
         )

@@ -16,7 +16,8 @@ Every block exposes named :class:`HookPoint` sites (``attn_out``, ``resid_mid``,
 concatenated, the input of the output projection); the model exposes ``embed``. Capture code
 attaches forward hooks to them.
 Attention runs through ``scaled_dot_product_attention`` unless someone hooks the attention
-scores or probabilities, which only the explicit path materialises. Both scale the logits
+scores or probabilities, which only the explicit path materialises; its queries and keys
+(``hook_q``, ``hook_k``) can be hooked on either path. Both scale the logits
 q·k by ``logit_scale / sqrt(head_dim)`` (``ModelConfig.logit_scale``, 1 by default), or, with
 ``ModelConfig.head_scales``, each head's by its own learnable ``head_scale / sqrt(head_dim)``:
 Wang et al.'s (2024) cure for the attention of NoPE models spreading out past the training
@@ -212,6 +213,10 @@ class Attention(nn.Module):
         self.divisor = math.sqrt(cfg.head_dim) / factor  # the explicit path's: exact at 1
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        # (B, H, T, head_dim), after the positional rotation and the per-head scale, before the
+        # 1/sqrt(head_dim) scaling; hooking them keeps the fused path
+        self.hook_q = HookPoint()
+        self.hook_k = HookPoint()
         self.hook_scores = HookPoint()  # (B, H, T, T) scaled logits incl. position bias, unmasked
         self.hook_probs = HookPoint()  # (B, H, T, T) attention probabilities
         self.hook_heads = HookPoint()  # (B, T, d) the heads' outputs concatenated, before proj
@@ -225,6 +230,7 @@ class Attention(nn.Module):
         q, k = self.pe.rotate(q, k)
         if self.head_scale is not None:
             q = q * self.head_scale.to(q.dtype)[:, None, None]
+        q, k = self.hook_q(q), self.hook_k(k)
         bias = self.pe.bias(T, self.causal, x.device)
         if self.hook_scores._forward_hooks or self.hook_probs._forward_hooks:
             y = self._explicit(q, k, v, bias)

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from nopelab.config import feature_names
 from nopelab.errors import RunFailed
-from nopelab.measure.capture import SiteKey, observe
+from nopelab.measure.sites import SiteKey, sites_of
 from nopelab.models.transformer import Transformer
 
 ROW_QUANTILES = 32
@@ -99,7 +99,7 @@ def collect(
     store: Activations | None = None
     row = 0
     current: dict[SiteKey, Tensor] = {}
-    handles = observe(model, keys, current.__setitem__)
+    handles = sites_of(model).observe(keys, current.__setitem__)
     try:
         for batch in batches:
             inputs = {k: v.to(param.device) for k, v in batch.items()}

@@ -59,7 +59,7 @@ from nopelab.config import (
 from nopelab.errors import ConfigError
 from nopelab.limits import check_interventions
 from nopelab.measure.analysis import input_batches
-from nopelab.measure.capture import SiteKey, site_modules
+from nopelab.measure.sites import SiteKey, sites_of
 from nopelab.models.transformer import Transformer
 from nopelab.probing.features import EPS, collect, feature_matrix
 from nopelab.probing.probes import Split, fit_probe, position_targets, sequence_splits, summarize
@@ -194,10 +194,7 @@ def applied(
     """Within the block, ``intervention`` replaces the activations at (site, layer)."""
     check_place(model.cfg, site, layer)
 
-    def hook(module: torch.nn.Module, inputs: tuple, output: Tensor) -> Tensor:
-        return intervention(output.float()).to(output.dtype)
-
-    handle = site_modules(model, [site])[(site, layer)].register_forward_hook(hook)
+    handle = sites_of(model).edit((site, layer), lambda h: intervention(h.float()).to(h.dtype))
     try:
         yield
     finally:

@@ -15,7 +15,7 @@ from torch import Tensor
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import ConfigError
 from nopelab.measure.analysis import input_batches
-from nopelab.measure.capture import SiteKey
+from nopelab.measure.sites import SiteKey
 from nopelab.models.transformer import Transformer
 from nopelab.probing.features import Activations, collect, feature_matrix
 from nopelab.probing.probes import (

@@ -23,15 +23,15 @@ from nopelab.hf.positions import position_use, rope_off
 from nopelab.hf.sites import ARCHITECTURES as MAPPINGS
 from nopelab.hf.sites import HFModel
 from nopelab.measure.analysis import analyze_model
-from nopelab.measure.capture import observe
 from nopelab.measure.metrics import position_variance
+from nopelab.measure.sites import sites_of
 from nopelab.probing.pipeline import probe_model
 
 
 def _capture(model: HFModel, idx: torch.Tensor, sites=DEFAULT_SITES, **kwargs) -> dict:
     seen: dict = {}
     keys = model.site_keys(sites)
-    handles = observe(model, keys, lambda key, h: seen.__setitem__(key, h.clone()))
+    handles = sites_of(model).observe(keys, lambda key, h: seen.__setitem__(key, h.clone()))
     try:
         with torch.no_grad():
             model(idx, **kwargs)
@@ -119,7 +119,7 @@ def test_attn_heads_needs_an_output_projection(monkeypatch):
     with pytest.raises(ConfigError, match=message):
         model.site_keys(["attn_heads", "resid_post"])
     with pytest.raises(ConfigError, match=message):
-        observe(model, [("attn_heads", 1)], lambda key, h: None)
+        model.observe([("attn_heads", 1)], lambda key, h: None)
     assert len(model.site_keys()) == 1 + 4 * LAYERS  # the other sites still work
 
 

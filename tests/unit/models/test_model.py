@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from nopelab.config import POS_ENCODINGS, ModelConfig
-from nopelab.measure.capture import observe
+from nopelab.measure.sites import sites_of
 from nopelab.models.transformer import (
     ALiBiPE,
     Attention,
@@ -462,7 +462,7 @@ def test_attn_heads_is_the_input_of_the_output_projection(
             lambda _m, args, layer=layer: read.__setitem__(layer, args[0])
         )
     keys = [(site, layer) for site in ("attn_heads", "attn_out") for layer in (1, 2)]
-    observe(model, keys, seen.__setitem__)
+    sites_of(model).observe(keys, seen.__setitem__)
     with torch.no_grad():
         model(tokens(2, 16))
         for layer, block in enumerate(model.blocks, start=1):

@@ -1,0 +1,125 @@
+"""Attention statistics per head and query position, reduced batch by batch.
+
+:class:`AttentionStats` reads one layer's queries and keys (``Attention.hook_q`` and
+``hook_k``, which leave the fused attention path in place) and rebuilds the scaled logits a
+chunk of query rows at a time, so that no (B, H, T, T) tensor is kept: per head and query
+position, the entropy of the attention distribution and the spread of the logits over the
+visible keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from nopelab.models.transformer import Attention
+
+CHUNK_ELEMENTS = 2**22  # logits (batch x heads x query rows x keys) in one chunk: 16 MB of float32
+
+
+def chunk_rows(batch_size: int, n_heads: int, seq_len: int) -> int:
+    """Query rows per chunk: as many as keep a chunk of logits within :data:`CHUNK_ELEMENTS`
+    (counting all ``seq_len`` keys), at least one."""
+    return max(1, CHUNK_ELEMENTS // (batch_size * n_heads * seq_len))
+
+
+@dataclass(frozen=True)
+class AttentionResult:
+    """Reduced attention statistics of one layer, indexed by 0-based query position."""
+
+    samples: int
+    entropy: np.ndarray  # (T,) mean entropy of the attention distribution (nats), over heads
+    uniform_entropy: np.ndarray  # (T,) entropy of uniform attention over the visible keys
+    logit_variance: np.ndarray  # (T,) mean variance of the scaled logits over the visible keys
+    head_entropy: np.ndarray  # (H, T) entropy per head
+    head_logit_variance: np.ndarray  # (H, T) logit variance per head
+
+
+class AttentionStats:
+    """Accumulates one layer's attention entropy and logit spread per head and query position."""
+
+    def __init__(
+        self, seq_len: int, n_heads: int, causal: bool, device: torch.device | str = "cpu"
+    ):
+        self.causal = causal
+        self.samples = 0
+        self.entropy_sum = torch.zeros(n_heads, seq_len, dtype=torch.float64, device=device)
+        self.logit_var_sum = torch.zeros(n_heads, seq_len, dtype=torch.float64, device=device)
+
+    def attach(self, attn: Attention) -> list[RemovableHandle]:
+        """Hook ``attn`` so that every forward pass folds its queries and keys in."""
+        kept: dict[str, Tensor] = {}
+
+        def keep(module: nn.Module, inputs: tuple, q: Tensor) -> None:
+            kept["q"] = q
+
+        def reduce(module: nn.Module, inputs: tuple, k: Tensor) -> None:
+            bias = attn.pe.bias(k.shape[-2], attn.causal, k.device)
+            self.update(kept.pop("q"), k, attn.divisor, bias)
+
+        return [
+            attn.hook_q.register_forward_hook(keep),
+            attn.hook_k.register_forward_hook(reduce),
+        ]
+
+    @torch.no_grad()
+    def update(self, q: Tensor, k: Tensor, divisor: float, bias: Tensor | None = None) -> None:
+        """(B, H, T, head_dim) queries and keys as the attention multiplies them: the logits are
+        ``q / divisor @ k^T`` plus the (H, T, T) position ``bias``, if any."""
+        q, k = q.detach().float(), k.detach().float()
+        B, H, T, _ = q.shape
+        rows = chunk_rows(B, H, T)
+        # the widest chunks first (causal): the allocator reuses their memory for the rest
+        for start in reversed(range(0, T, rows)):
+            stop = min(start + rows, T)
+            keys = stop if self.causal else T
+            entropy, variance = _row_statistics(
+                q[:, :, start:stop] / divisor,
+                k[:, :, :keys],
+                None if bias is None else bias[:, start:stop, :keys],
+                start if self.causal else None,
+            )
+            self.entropy_sum[:, start:stop] += entropy.sum(0, dtype=torch.float64)
+            self.logit_var_sum[:, start:stop] += variance.sum(0, dtype=torch.float64)
+        self.samples += B
+
+    def result(self) -> AttentionResult:
+        T = self.entropy_sum.shape[1]
+        n = max(self.samples, 1)
+        entropy = (self.entropy_sum / n).cpu().numpy()
+        variance = (self.logit_var_sum / n).cpu().numpy()
+        visible = np.arange(1, T + 1) if self.causal else np.full(T, T)
+        return AttentionResult(
+            samples=self.samples,
+            entropy=entropy.mean(0),
+            uniform_entropy=np.log(visible),
+            logit_variance=variance.mean(0),
+            head_entropy=entropy,
+            head_logit_variance=variance,
+        )
+
+
+def _row_statistics(
+    q: Tensor, k: Tensor, bias: Tensor | None, start: int | None
+) -> tuple[Tensor, Tensor]:
+    """The entropy (nats) and the logit variance over the visible keys, (B, H, rows), of the
+    scaled queries ``q`` (B, H, rows, head_dim) against the keys ``k`` (B, H, keys, head_dim).
+    ``start``: the first row's query position when causal (it sees keys up to itself), None
+    when every key is visible. A function, so that its chunk-sized temporaries die with it."""
+    logits = q @ k.transpose(-2, -1)
+    if bias is not None:
+        logits += bias.float()
+    if start is None:
+        variance = logits.var(-1, correction=0)
+    else:
+        rows, keys = logits.shape[-2:]
+        hidden = torch.ones(rows, keys, dtype=torch.bool, device=q.device).triu(start + 1)
+        counts = torch.arange(start + 1, start + rows + 1, device=q.device)
+        mean = logits.masked_fill(hidden, 0.0).sum(-1) / counts
+        variance = (logits - mean[..., None]).masked_fill_(hidden, 0.0).square_().sum(-1) / counts
+        logits.masked_fill_(hidden, float("-inf"))
+    return torch.special.entr(logits.softmax(-1)).sum(-1), variance
