@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import runpy
 from pathlib import Path
 
@@ -32,6 +33,12 @@ def _observed(sites: Sites, keys, run) -> dict:
     return seen
 
 
+@functools.cache
+def _hf(model_type: str) -> HFModel:
+    """One tiny model per architecture for the module: every test removes its hooks."""
+    return HFModel(tiny(model_type))
+
+
 def _native():
     model = build_model(ModelConfig(d_model=32, n_heads=4, n_layers=2, vocab_size=VOCAB), seed=0)
     idx = torch.randint(VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
@@ -40,7 +47,7 @@ def _native():
 
 def test_every_model_kind_is_addressed_by_the_same_names():
     model, _ = _native()
-    hf = HFModel(tiny("llama"))
+    hf = _hf("llama")
     for sites in (sites_of(model), sites_of(hf)):
         assert isinstance(sites, Sites)
         keys = sites.site_keys(SITES)
@@ -93,8 +100,8 @@ def test_an_edit_of_the_last_residual_stream_reaches_the_logits():
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
 def test_a_hugging_face_edit_of_the_last_layer_reaches_the_logits(model_type):
-    hf = tiny(model_type)
-    model = HFModel(hf)
+    model = _hf(model_type)
+    hf = model.hf
     idx = torch.randint(VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
     key = ("resid_post", LAYERS)
     before = _observed(model, [key], lambda: model(idx))
@@ -115,7 +122,7 @@ def test_a_hugging_face_edit_of_the_last_layer_reaches_the_logits(model_type):
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
 @pytest.mark.parametrize("site", ["embed", "attn_heads", "attn_out", "mlp_out", "resid_post"])
 def test_a_hugging_face_edit_is_what_the_site_then_shows(model_type, site):
-    model = HFModel(tiny(model_type))
+    model = _hf(model_type)
     idx = torch.randint(VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
     key = (site, 0 if site == "embed" else 2)
     if site == "attn_heads" and key not in model.site_keys(SITES):
@@ -131,7 +138,7 @@ def test_a_hugging_face_edit_is_what_the_site_then_shows(model_type, site):
 
 
 def test_a_hugging_face_resid_mid_and_a_missing_layer_cannot_be_edited():
-    model = HFModel(tiny("llama"))
+    model = _hf("llama")
     with pytest.raises(ConfigError, match="edit attn_out instead"):
         model.edit(("resid_mid", 1), lambda h: h)
     with pytest.raises(ConfigError, match="no site attn_out at layer 9"):
