@@ -10,7 +10,8 @@ A run directory holds:
   logit_variance;
 * ``attention_heads.parquet`` — the same per head: layer, head, position, entropy, logit_variance;
 * ``cosine.npz`` — one mean cosine matrix per (site, layer), named ``{site}_{layer}``: T x T up
-  to 1024 positions, block means over squares of ceil(T / 1024) positions beyond;
+  to 1024 positions, block means over squares of ceil(T / 1024) positions beyond
+  (``summary.json``'s ``cosine_block``);
 * ``variance.png``, ``distance.png``, ``cosine_{site}.png``, ``scores.png`` (and ``attention.png``);
 * ``summary.md`` — the headline numbers in a table.
 """
@@ -172,7 +173,13 @@ def write_analysis(
     ``random_init=False`` (a trained model) leaves out the random-init theory curve.
     """
     rows = summary_rows(result)
-    summary = {"rows": rows, "seconds": seconds, "device": str(resolve_device(cfg.analysis.device))}
+    summary = {
+        "rows": rows,
+        "seconds": seconds,
+        "device": str(resolve_device(cfg.analysis.device)),
+        # positions per side of cosine.npz's squares (1: whole T x T matrices)
+        "cosine_block": max((s.block for s in result.sites.values()), default=1),
+    }
     write_json(out / "config.json", {**cfg.to_dict(), "environment": environment()})
     write_json(out / "summary.json", summary)
     positions = positions_table(result)
