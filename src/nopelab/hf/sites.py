@@ -18,7 +18,7 @@ forward hooks on the decoder layers, never through ``output_hidden_states``:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -28,7 +28,14 @@ from torch import Tensor, nn
 
 from nopelab.config import BLOCK_SITES, DEFAULT_SITES, SITES
 from nopelab.errors import ConfigError
-from nopelab.measure.sites import Edit, SiteKey, check_site_names, in_model_order
+from nopelab.measure.sites import (
+    Edit,
+    Observer,
+    SiteKey,
+    check_site_names,
+    first_tensor,
+    in_model_order,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -95,10 +102,6 @@ class HFSpec:
     vocab_size: int
     total_layers: int
     bidirectional: bool = False
-
-
-def _tensor(output: Tensor | tuple) -> Tensor:
-    return output[0] if isinstance(output, tuple) else output
 
 
 def _hidden_states(args: tuple, kwargs: dict) -> Tensor:
@@ -171,7 +174,7 @@ class HFModel(nn.Module):
         return in_model_order(keys)
 
     def observe(
-        self, keys: Iterable[SiteKey], fn: Callable[[SiteKey, Tensor], None]
+        self, keys: Iterable[SiteKey], fn: Observer
     ) -> list[torch.utils.hooks.RemovableHandle]:
         """Hook ``keys`` so that every forward pass calls ``fn(key, activation)`` with (B, T, d)."""
         wanted = set(keys)
@@ -185,7 +188,7 @@ class HFModel(nn.Module):
                 handles += self._observe_layer(layer, sites, fn)
         return handles
 
-    def _observe_layer(self, layer: int, sites: set[str], fn: Callable) -> list:
+    def _observe_layer(self, layer: int, sites: set[str], fn: Observer) -> list:
         block = self.layers[layer - 1]
         stream: dict[str, Tensor] = {}
 
@@ -198,17 +201,17 @@ class HFModel(nn.Module):
             fn(("attn_heads", layer), args[0])
 
         def attention(module, args, output) -> None:
-            out = _tensor(output)
+            out = first_tensor(output)
             if "attn_out" in sites:
                 fn(("attn_out", layer), out)
             if "resid_mid" in sites:
                 fn(("resid_mid", layer), stream["input"] + out)
 
         def mlp(module, args, output) -> None:
-            fn(("mlp_out", layer), _tensor(output).view(stream["input"].shape))
+            fn(("mlp_out", layer), first_tensor(output).view(stream["input"].shape))
 
         def layer_output(module, args, output) -> None:
-            fn(("resid_post", layer), _tensor(output))
+            fn(("resid_post", layer), first_tensor(output))
 
         handles = [block.register_forward_pre_hook(layer_input, with_kwargs=True)]
         if "attn_heads" in sites:
@@ -236,14 +239,17 @@ class HFModel(nn.Module):
 
             def layer_input(module, args, kwargs):
                 if "hidden_states" in kwargs:
-                    return args, {**kwargs, "hidden_states": fn(kwargs["hidden_states"])}
-                return (fn(args[0]), *args[1:]), kwargs
+                    h = kwargs["hidden_states"]
+                    return args, {**kwargs, "hidden_states": fn(h).to(h.dtype)}
+                return (fn(args[0]).to(args[0].dtype), *args[1:]), kwargs
 
             return block.register_forward_pre_hook(layer_input, with_kwargs=True)
         if site == "attn_heads":
             assert self.arch.heads is not None  # site_keys refused attn_heads
             projection = attrgetter(self.arch.heads)(block)
-            return projection.register_forward_pre_hook(lambda m, args: (fn(args[0]), *args[1:]))
+            return projection.register_forward_pre_hook(
+                lambda m, args: (fn(args[0]).to(args[0].dtype), *args[1:])
+            )
         if site == "resid_mid":
             raise ConfigError(
                 "site", "resid_mid of a Hugging Face model is formed by nopelab, not by a module "
@@ -254,13 +260,14 @@ class HFModel(nn.Module):
         else:
             module = block if site == "resid_post" else attrgetter(self.arch.attn)(block)
 
-        def output(module, args, out):
-            h = _tensor(out)
+        def output(module, args, kwargs, out):
+            h = first_tensor(out)
             # a mixture of experts may return (B * T, d): its edit sees (B, T, d)
-            new = fn(h.view(args[0].shape)).view(h.shape) if site == "mlp_out" else fn(h)
+            shape = _hidden_states(args, kwargs).shape if site == "mlp_out" else h.shape
+            new = fn(h.reshape(shape)).reshape(h.shape).to(h.dtype)
             return (new, *out[1:]) if isinstance(out, tuple) else new
 
-        return module.register_forward_hook(output)
+        return module.register_forward_hook(output, with_kwargs=True)
 
     def attention_modules(self) -> list[nn.Module]:
         """The self-attention module of every analysed layer."""

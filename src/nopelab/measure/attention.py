@@ -43,7 +43,7 @@ class AttentionStats:
     """Accumulates one layer's attention entropy and logit spread per head and query position."""
 
     def __init__(
-        self, seq_len: int, n_heads: int, causal: bool, device: torch.device | str = "cpu"
+        self, seq_len: int, *, n_heads: int, causal: bool, device: torch.device | str = "cpu"
     ):
         self.causal = causal
         self.samples = 0
@@ -72,6 +72,10 @@ class AttentionStats:
         ``q / divisor @ k^T`` plus the (H, T, T) position ``bias``, if any."""
         q, k = q.detach().float(), k.detach().float()
         B, H, T, _ = q.shape
+        if self.entropy_sum.shape[1] != T:
+            raise ValueError(
+                f"sequences of {T} positions; these statistics are for {self.entropy_sum.shape[1]}"
+            )
         rows = chunk_rows(B, H, T)
         # the widest chunks first (causal): the allocator reuses their memory for the rest
         for start in reversed(range(0, T, rows)):

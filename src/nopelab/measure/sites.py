@@ -8,6 +8,9 @@ A site is named as the user types it (``embed``, ``attn_heads``, ``attn_out``, `
 * ``observe(keys, fn)``: every forward pass calls ``fn(key, activation)`` with (B, T, d);
 * ``edit(key, fn)``: every forward pass replaces the activation at ``key`` by ``fn(activation)``.
 
+Hooks run in the order they were added: an observer added after an edit sees the edited
+activation, one added before it sees the original (add edits first).
+
 Three kinds of model have it: native models (:class:`NativeSites`, their hook points), Hugging
 Face models (:class:`nopelab.hf.sites.HFModel`, mapped per architecture), and any other
 ``nn.Module`` whose sites are modules that output the activation (:class:`ModuleSites`, plain
@@ -71,7 +74,8 @@ def in_model_order(keys: Iterable[SiteKey]) -> list[SiteKey]:
     return sorted(keys, key=lambda key: (key[1], SITES.index(key[0])))
 
 
-def _first(output: Tensor | tuple) -> Tensor:
+def first_tensor(output: Tensor | tuple) -> Tensor:
+    """A module's output tensor, or the first element of its output tuple."""
     return output[0] if isinstance(output, tuple) else output
 
 
@@ -89,7 +93,13 @@ class ModuleSites:
         self.modules = {key: modules[key] for key in in_model_order(modules)}
 
     def site_keys(self, sites: Iterable[str] = DEFAULT_SITES) -> list[SiteKey]:
-        wanted = set(check_site_names(sites))
+        wanted = check_site_names(sites)
+        have = {site for site, _ in self.modules}
+        if missing := [site for site in wanted if site not in have]:
+            raise ValueError(
+                f"no module is named as site {', '.join(missing)}; the sites given: "
+                f"{', '.join(dict.fromkeys(site for site, _ in self.modules))}"
+            )
         return [key for key in self.modules if key[0] in wanted]
 
     def _module(self, key: SiteKey) -> nn.Module:
@@ -100,9 +110,10 @@ class ModuleSites:
 
     def observe(self, keys: Iterable[SiteKey], fn: Observer) -> list[RemovableHandle]:
         def hook(key: SiteKey):
-            return lambda module, inputs, output: fn(key, _first(output))
+            return lambda module, inputs, output: fn(key, first_tensor(output))
 
-        return [self._module(key).register_forward_hook(hook(key)) for key in keys]
+        modules = {key: self._module(key) for key in keys}  # every key checked before hooking
+        return [module.register_forward_hook(hook(key)) for key, module in modules.items()]
 
     def edit(self, key: SiteKey, fn: Edit) -> RemovableHandle:
         def hook(module: nn.Module, inputs: tuple, output: Tensor | tuple) -> Tensor | tuple:

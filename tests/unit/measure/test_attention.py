@@ -158,3 +158,12 @@ def test_the_heads_table_averages_to_the_layer_table() -> None:
     np.testing.assert_allclose(merged["logit_variance"], merged["logit_variance_heads"], rtol=1e-12)
     row = heads[(heads["layer"] == 2) & (heads["head"] == 3) & (heads["position"] == 5)]
     assert row["entropy"].item() == result.attention[2].head_entropy[2, 4]
+
+
+def test_sequences_of_another_length_are_refused() -> None:
+    stats = attention.AttentionStats(T + 1, n_heads=H, causal=True)
+    q = torch.randn(B, H, T, 8)
+    with pytest.raises(
+        ValueError, match=f"sequences of {T} positions; these statistics are for {T + 1}"
+    ):
+        stats.update(q, q, 1.0)

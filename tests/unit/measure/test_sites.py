@@ -77,6 +77,8 @@ def test_a_native_edit_replaces_the_activation_that_later_sites_read(site):
     position = keys.index((site, layer))
     for key in keys[:position]:
         torch.testing.assert_close(after[key], before[key])
+    for key in keys[position + 1 :]:
+        assert not torch.allclose(after[key], before[key]), key
     assert not torch.allclose(after["logits"], before["logits"])
     # removed: the model is itself again
     with torch.no_grad():
@@ -192,6 +194,44 @@ def test_module_sites_are_checked():
     with pytest.raises(ValueError, match="unknown site 'hidden'"):
         ModuleSites({("hidden", 1): linear})
     sites = ModuleSites({("attn_out", 1): linear})
-    assert sites.site_keys(DEFAULT_SITES) == [("attn_out", 1)]
+    assert sites.site_keys(["attn_out"]) == [("attn_out", 1)]
+    with pytest.raises(
+        ValueError,
+        match="named as site embed, resid_mid, mlp_out, resid_post; the sites given: attn_out$",
+    ):
+        sites.site_keys(DEFAULT_SITES)
     with pytest.raises(ValueError, match="no site mlp_out at layer 1; the model has: attn_out 1"):
-        sites.observe([("mlp_out", 1)], lambda key, h: None)
+        sites.observe([("attn_out", 1), ("mlp_out", 1)], lambda key, h: None)
+    assert not linear._forward_hooks  # nothing was hooked
+
+
+def test_hooks_run_in_the_order_they_were_added():
+    model, idx = _native()
+    sites, key = NativeSites(model), ("attn_out", 1)
+    first: dict = {}
+    last: dict = {}
+    handles = sites.observe([key], lambda k, h: first.__setitem__(k, h.clone()))
+    handles.append(sites.edit(key, torch.zeros_like))
+    handles += sites.observe([key], lambda k, h: last.__setitem__(k, h.clone()))
+    try:
+        with torch.no_grad():
+            model(idx)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert first[key].abs().sum() > 0  # added before the edit: the original
+    assert (last[key] == 0).all()  # added after it: the edited activation
+
+
+def test_an_edit_may_return_a_strided_tensor_on_a_mixture_of_experts_layer():
+    model = _hf("llama4_text")  # its layer 2 routes tokens to experts, (B * T, d) inside
+    idx = torch.randint(VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
+    key = ("mlp_out", 2)
+    before = _observed(model, [key], lambda: model(idx))
+    handle = model.edit(key, lambda h: h.mean(1, keepdim=True).expand_as(h))
+    try:
+        after = _observed(model, [key], lambda: model(idx))
+    finally:
+        handle.remove()
+    expected = before[key].mean(1, keepdim=True).expand_as(before[key])
+    torch.testing.assert_close(after[key], expected)
