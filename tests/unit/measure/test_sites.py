@@ -197,7 +197,7 @@ def test_module_sites_are_checked():
     assert sites.site_keys(["attn_out"]) == [("attn_out", 1)]
     with pytest.raises(
         ValueError,
-        match="named as site embed, resid_mid, mlp_out, resid_post; the sites given: attn_out$",
+        match=r"named as site embed, resid_mid, mlp_out, resid_post; the sites given: attn_out$",
     ):
         sites.site_keys(DEFAULT_SITES)
     with pytest.raises(ValueError, match="no site mlp_out at layer 1; the model has: attn_out 1"):
