@@ -40,7 +40,7 @@ def reproduce(
         typer.Option(
             help="smoke | small | medium (zuo2025 trained and probes: Zuo's task lengths, "
             "~2.5 h on 2 CPU cores; the language models of chi2023 pretrained and haviv2022: 18 M "
-            "tokens per model) | paper (full sizes, GPU advised)"
+            "tokens per model, 12 M for haviv2022 sizes) | paper (full sizes, GPU advised)"
         ),
     ] = "small",
     seed: Annotated[int, typer.Option(help="Seed for weights and inputs")] = 0,
