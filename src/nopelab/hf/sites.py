@@ -35,6 +35,7 @@ from nopelab.measure.sites import (
     check_site_names,
     first_tensor,
     in_model_order,
+    replace_first,
 )
 
 if TYPE_CHECKING:
@@ -265,7 +266,7 @@ class HFModel(nn.Module):
             # a mixture of experts may return (B * T, d): its edit sees (B, T, d)
             shape = _hidden_states(args, kwargs).shape if site == "mlp_out" else h.shape
             new = fn(h.reshape(shape)).reshape(h.shape).to(h.dtype)
-            return (new, *out[1:]) if isinstance(out, tuple) else new
+            return replace_first(out, new)
 
         return module.register_forward_hook(output, with_kwargs=True)
 

@@ -79,6 +79,11 @@ def first_tensor(output: Tensor | tuple) -> Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
+def replace_first(output: Tensor | tuple, value: Tensor) -> Tensor | tuple:
+    """``output`` with :func:`first_tensor`'s tensor replaced by ``value``."""
+    return (value, *output[1:]) if isinstance(output, tuple) else value
+
+
 class ModuleSites:
     """Sites given as ``{(site, layer): module}``, each module's output (or the first element of
     an output tuple) being the activation; observed and edited through plain forward hooks."""
@@ -117,9 +122,7 @@ class ModuleSites:
 
     def edit(self, key: SiteKey, fn: Edit) -> RemovableHandle:
         def hook(module: nn.Module, inputs: tuple, output: Tensor | tuple) -> Tensor | tuple:
-            if isinstance(output, tuple):
-                return (fn(output[0]), *output[1:])
-            return fn(output)
+            return replace_first(output, fn(first_tensor(output)))
 
         return self._module(key).register_forward_hook(hook)
 
