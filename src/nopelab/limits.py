@@ -73,7 +73,7 @@ def check_analysis(cfg: ModelConfig, analysis: AnalysisConfig, statistics: bool 
     batch, seq_len = analysis.batch_size, analysis.seq_len
     activations = forward_bytes(cfg, batch, seq_len, scores=cfg.pos_encoding == "alibi")
     if analysis.attn_entropy:
-        activations += attention_bytes(cfg, batch, seq_len)
+        activations += attention_bytes(cfg.n_heads, batch, seq_len)
     _check(
         "analysing",
         {
@@ -84,14 +84,14 @@ def check_analysis(cfg: ModelConfig, analysis: AnalysisConfig, statistics: bool 
     )
 
 
-def attention_bytes(cfg: ModelConfig, batch_size: int, seq_len: int) -> int:
+def attention_bytes(n_heads: int, batch_size: int, seq_len: int) -> int:
     """The working memory of the attention statistics (``attn_entropy``): one chunk of every
     head's logits, :func:`~nopelab.measure.attention.chunk_rows` query rows against all keys
     (an ALiBi bias is the T x T term of :func:`forward_bytes`)."""
     from nopelab.measure.attention import chunk_rows
 
-    rows = min(seq_len, chunk_rows(batch_size, cfg.n_heads, seq_len))
-    return ATTENTION_CHUNK * batch_size * cfg.n_heads * rows * seq_len
+    rows = min(seq_len, chunk_rows(batch_size, n_heads, seq_len))
+    return ATTENTION_CHUNK * batch_size * n_heads * rows * seq_len
 
 
 def statistics_bytes(analysis: AnalysisConfig, n_layers: int) -> int:
@@ -110,10 +110,13 @@ def statistics_bytes(analysis: AnalysisConfig, n_layers: int) -> int:
     return (SITE_MATRIX * site_layers + REPORT_MATRICES) * side**2 + vectors + block
 
 
-def check_statistics(analysis: AnalysisConfig, n_layers: int) -> None:
-    """Refuse an analysis of a model of ``n_layers`` (a Hugging Face one, whose weights are
-    checked apart) whose statistics would not fit."""
-    _check("analysing", {"statistics": (statistics_bytes(analysis, n_layers), STATS)})
+def check_statistics(analysis: AnalysisConfig, n_layers: int, n_heads: int) -> None:
+    """Refuse an analysis of a model of ``n_layers`` and ``n_heads`` (a Hugging Face one, whose
+    weights are checked apart) whose statistics would not fit."""
+    needed = statistics_bytes(analysis, n_layers)
+    if analysis.attn_entropy:
+        needed += attention_bytes(n_heads, analysis.batch_size, analysis.seq_len)
+    _check("analysing", {"statistics": (needed, STATS)})
 
 
 def check_training(cfg: ModelConfig, batch_size: int, seq_len: int) -> None:

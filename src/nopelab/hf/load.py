@@ -231,19 +231,20 @@ def load_run(
     ``rope_off``: layers (1-based) whose RoPE is switched off for the whole run, or ``"all"``.
     ``statistics``: whether the T x T statistics will be reduced (for the memory check).
     """
-    if analysis.attn_entropy:
-        raise ConfigError(
-            "attn_entropy", "needs attention logits, which only native nopelab models expose"
-        )
 
     def check(config: Any, tokenizer: Any) -> None:
         check_sites(config.model_type, analysis.sites)
         limit = getattr(config, "max_position_embeddings", None) or getattr(
             config, "n_positions", None
         )
-        if limit is not None and analysis.seq_len > limit:
+        # a learned position table ends; rotary and position-free layers take any length
+        if (
+            limit is not None
+            and analysis.seq_len > limit
+            and not architecture(config.model_type).rope
+        ):
             raise ConfigError(
-                "seq_len", f"{analysis.seq_len} exceeds the model's {limit} positions"
+                "seq_len", f"{analysis.seq_len} exceeds the model's table of {limit} positions"
             )
         if analysis.input == "data" and tokenizer is None:
             raise ConfigError(
@@ -253,7 +254,8 @@ def load_run(
             layers: Any = getattr(config, "num_hidden_layers", None) or getattr(
                 config, "n_layer", 1
             )
-            check_statistics(analysis, min(int(layers), max_layers or int(layers)))
+            layers = min(int(layers), max_layers or int(layers))
+            check_statistics(analysis, layers, int(config.num_attention_heads))
 
     model, tokenizer, files = load_model(path, trust_remote_code, max_layers, check)
     if rope_off:

@@ -4,7 +4,8 @@
 ``hook_k``, which leave the fused attention path in place) and rebuilds the scaled logits a
 chunk of query rows at a time, so that no (B, H, T, T) tensor is kept: per head and query
 position, the entropy of the attention distribution and the spread of the logits over the
-visible keys.
+visible keys. Which keys are visible is the causal triangle (or every key), or a mask the caller
+passes (a Hugging Face model's sliding windows: :mod:`nopelab.hf.attention`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class AttentionStats:
         self.samples = 0
         self.entropy_sum = torch.zeros(n_heads, seq_len, dtype=torch.float64, device=device)
         self.logit_var_sum = torch.zeros(n_heads, seq_len, dtype=torch.float64, device=device)
+        self.log_visible_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
 
     def attach(self, attn: Attention) -> list[RemovableHandle]:
         """Hook ``attn`` so that every forward pass folds its queries and keys in."""
@@ -67,9 +69,18 @@ class AttentionStats:
         ]
 
     @torch.no_grad()
-    def update(self, q: Tensor, k: Tensor, divisor: float, bias: Tensor | None = None) -> None:
+    def update(
+        self,
+        q: Tensor,
+        k: Tensor,
+        divisor: float,
+        bias: Tensor | None = None,
+        visible: Tensor | None = None,
+    ) -> None:
         """(B, H, T, head_dim) queries and keys as the attention multiplies them: the logits are
-        ``q / divisor @ k^T`` plus the (H, T, T) position ``bias``, if any."""
+        ``q / divisor @ k^T`` plus the (H, T, T) position ``bias``, if any. ``visible``: a bool
+        (B or 1, H or 1, T, T) mask of the keys each query sees, instead of the causal triangle
+        (or every key when not causal)."""
         q, k = q.detach().float(), k.detach().float()
         B, H, T, _ = q.shape
         if self.entropy_sum.shape[1] != T:
@@ -81,26 +92,33 @@ class AttentionStats:
         for start in reversed(range(0, T, rows)):
             stop = min(start + rows, T)
             keys = stop if self.causal else T
-            entropy, variance = _row_statistics(
+            if visible is not None:
+                hidden = ~visible[..., start:stop, :keys]
+            elif self.causal:
+                hidden = torch.ones(stop - start, keys, dtype=torch.bool, device=q.device)
+                hidden = hidden.triu(start + 1)
+            else:
+                hidden = None
+            entropy, variance, counts = _row_statistics(
                 q[:, :, start:stop] / divisor,
                 k[:, :, :keys],
                 None if bias is None else bias[:, start:stop, :keys],
-                start if self.causal else None,
+                hidden,
             )
             self.entropy_sum[:, start:stop] += entropy.sum(0, dtype=torch.float64)
             self.logit_var_sum[:, start:stop] += variance.sum(0, dtype=torch.float64)
+            log_counts = counts.double().log().expand(B, -1, -1).mean(1)  # (B, rows)
+            self.log_visible_sum[start:stop] += log_counts.sum(0)
         self.samples += B
 
     def result(self) -> AttentionResult:
-        T = self.entropy_sum.shape[1]
         n = max(self.samples, 1)
         entropy = (self.entropy_sum / n).cpu().numpy()
         variance = (self.logit_var_sum / n).cpu().numpy()
-        visible = np.arange(1, T + 1) if self.causal else np.full(T, T)
         return AttentionResult(
             samples=self.samples,
             entropy=entropy.mean(0),
-            uniform_entropy=np.log(visible),
+            uniform_entropy=(self.log_visible_sum / n).cpu().numpy(),
             logit_variance=variance.mean(0),
             head_entropy=entropy,
             head_logit_variance=variance,
@@ -108,22 +126,23 @@ class AttentionStats:
 
 
 def _row_statistics(
-    q: Tensor, k: Tensor, bias: Tensor | None, start: int | None
-) -> tuple[Tensor, Tensor]:
-    """The entropy (nats) and the logit variance over the visible keys, (B, H, rows), of the
-    scaled queries ``q`` (B, H, rows, head_dim) against the keys ``k`` (B, H, keys, head_dim).
-    ``start``: the first row's query position when causal (it sees keys up to itself), None
-    when every key is visible. A function, so that its chunk-sized temporaries die with it."""
+    q: Tensor, k: Tensor, bias: Tensor | None, hidden: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The entropy (nats) and the logit variance over the visible keys, (B, H, rows), and the
+    number of visible keys, (B or 1, H or 1, rows), of the scaled queries ``q``
+    (B, H, rows, head_dim) against the keys ``k`` (B, H, keys, head_dim). ``hidden``: a bool
+    mask, broadcastable to the logits, of the keys a query does not see; None when it sees
+    every key. A function, so that its chunk-sized temporaries die with it."""
     logits = q @ k.transpose(-2, -1)
     if bias is not None:
         logits += bias.float()
-    if start is None:
-        variance = logits.var(-1, correction=0)
-    else:
-        rows, keys = logits.shape[-2:]
-        hidden = torch.ones(rows, keys, dtype=torch.bool, device=q.device).triu(start + 1)
-        counts = torch.arange(start + 1, start + rows + 1, device=q.device)
-        mean = logits.masked_fill(hidden, 0.0).sum(-1) / counts
-        variance = (logits - mean[..., None]).masked_fill_(hidden, 0.0).square_().sum(-1) / counts
-        logits.masked_fill_(hidden, float("-inf"))
-    return torch.special.entr(logits.softmax(-1)).sum(-1), variance
+    if hidden is None:
+        counts = torch.full((1, 1, logits.shape[-2]), logits.shape[-1], device=q.device)
+        return torch.special.entr(logits.softmax(-1)).sum(-1), logits.var(-1, correction=0), counts
+    while hidden.dim() < logits.dim():
+        hidden = hidden[None]
+    counts = (~hidden).sum(-1)
+    mean = logits.masked_fill(hidden, 0.0).sum(-1) / counts
+    variance = (logits - mean[..., None]).masked_fill_(hidden, 0.0).square_().sum(-1) / counts
+    logits.masked_fill_(hidden, float("-inf"))
+    return torch.special.entr(logits.softmax(-1)).sum(-1), variance, counts

@@ -3,7 +3,7 @@
 :class:`StreamingCapture` attaches a :class:`~nopelab.measure.stats.SiteStats` to each chosen
 site of any model with nopelab's sites (:mod:`nopelab.measure.sites`: native, Hugging Face, or
 modules named as sites), and an :class:`~nopelab.measure.attention.AttentionStats` to each layer
-of a native model when asked; every forward pass inside the ``with`` block folds its batch into
+of a native or Hugging Face model when asked; every forward pass inside the ``with`` block folds its batch into
 them.
 """
 
@@ -22,6 +22,7 @@ from nopelab.measure.stats import SiteResult, SiteStats
 from nopelab.models.transformer import Block, Transformer
 
 if TYPE_CHECKING:
+    from nopelab.hf.attention import Recording
     from nopelab.hf.sites import HFModel
 
 
@@ -58,25 +59,18 @@ class StreamingCapture:
         self.stats = {key: SiteStats(seq_len, device) for key in self.sites.site_keys(sites)}
         self.attention: dict[int, AttentionStats] = {}
         if attn_entropy:
-            if not isinstance(model, Transformer):
-                raise ConfigError(
-                    "attn_entropy", "only native nopelab models expose attention logits"
-                )
-            causal = not model.cfg.bidirectional
-            self.attention = {
-                layer: AttentionStats(
-                    seq_len, n_heads=model.cfg.n_heads, causal=causal, device=device
-                )
-                for layer in range(1, model.cfg.n_layers + 1)
-            }
-        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+            self.attention = _attention_stats(model, seq_len, device)
+        self._handles: list[torch.utils.hooks.RemovableHandle | Recording] = []
 
     def __enter__(self) -> StreamingCapture:
         self._handles += self.sites.observe(self.stats, lambda key, h: self.stats[key].update(h))
-        for layer, stats in self.attention.items():
-            assert isinstance(self.model, Transformer)  # attention stats: native models only
-            attn = cast(Block, self.model.blocks[layer - 1]).attn
-            self._handles += stats.attach(attn)
+        if isinstance(self.model, Transformer):
+            for layer, stats in self.attention.items():
+                self._handles += stats.attach(cast(Block, self.model.blocks[layer - 1]).attn)
+        elif self.attention:
+            from nopelab.hf.attention import record_attention
+
+            self._handles.append(record_attention(cast("HFModel", self.model), self.attention))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -97,3 +91,25 @@ class StreamingCapture:
             sites={key: stats.result() for key, stats in self.stats.items()},
             attention={layer: stats.result() for layer, stats in self.attention.items()},
         )
+
+
+def _attention_stats(
+    model: Transformer | HFModel | Sites, seq_len: int, device: torch.device | str
+) -> dict[int, AttentionStats]:
+    """An :class:`AttentionStats` for every layer of a native or Hugging Face model."""
+    from nopelab.hf.sites import HFModel
+
+    if isinstance(model, Transformer):
+        heads, causal = model.cfg.n_heads, not model.cfg.bidirectional
+    elif isinstance(model, HFModel):
+        from nopelab.hf.attention import attention_heads
+
+        heads, causal = attention_heads(model), True
+    else:
+        raise ConfigError(
+            "attn_entropy", "reads attention logits of native nopelab or Hugging Face models only"
+        )
+    return {
+        layer: AttentionStats(seq_len, n_heads=heads, causal=causal, device=device)
+        for layer in range(1, model.cfg.n_layers + 1)
+    }
