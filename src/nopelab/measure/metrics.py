@@ -25,6 +25,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import torch
 from torch import Tensor
@@ -89,7 +90,7 @@ def symmetric_from_lower(lower: Tensor) -> Tensor:
     return lower.tril() + lower.tril(-1).transpose(-2, -1)
 
 
-def _to_numpy(x: Tensor | np.ndarray) -> np.ndarray:
+def to_numpy(x: Tensor | np.ndarray) -> np.ndarray:
     """float32 for float32 and narrower floats; float64 otherwise, so that no ties are invented."""
     if isinstance(x, Tensor):
         x = x.detach().cpu()
@@ -145,7 +146,7 @@ def adjacency_counts(rows: Tensor | np.ndarray, first_row: int = 0) -> Adjacency
     Row i's earlier entries S_ij (j < i) are ordered by j, and k > j is nearer to i: a
     concordant triple is an increasing pair of that row.
     """
-    s = _to_numpy(rows)
+    s = to_numpy(rows)
     B, R, C = s.shape
     counts = pair_counts(s.reshape(B * R, C), np.tile(np.arange(first_row, first_row + R), B))
     return AdjacencyCounts(
@@ -167,7 +168,7 @@ def adjacency_score(similarity: Tensor | np.ndarray) -> PairScores:
 
 def norm_score(norms: Tensor | np.ndarray) -> PairScores:
     """Variance-hypothesis counterpart on (B, T) norms: P(||h_k|| < ||h_j||) over pairs j < k."""
-    x = -_to_numpy(norms)
+    x = -to_numpy(norms)
     B, T = x.shape
     counts = pair_counts(x, np.full(B, T))
     return _pair_scores(counts.less, counts.equal, T * (T - 1) // 2, counts.nan)
@@ -181,7 +182,7 @@ def norm_score_zuo(norms: Tensor | np.ndarray) -> np.ndarray:
     the T - k rows after k, so the sum is ``sum_{j<k} [||h_k|| < ||h_j||] (T - k)``, computed in
     O(T log T). A sample with a NaN norm scores NaN, as in :func:`norm_score`; T < 3 gives NaN.
     """
-    x = -_to_numpy(norms)
+    x = -to_numpy(norms)
     T = x.shape[-1]
     pairs = math.comb(T, 3)
     weighted, nan = weighted_pair_counts(x, np.arange(T - 1, -1, -1))  # T - k, k = 1..T
@@ -190,7 +191,7 @@ def norm_score_zuo(norms: Tensor | np.ndarray) -> np.ndarray:
 
 def adjacency_score_bruteforce(similarity: Tensor | np.ndarray) -> PairScores:
     """O(T^3) reference: compare every triple j < k < i directly (for tests and benchmarks)."""
-    s = _to_numpy(similarity)
+    s = to_numpy(similarity)
     B, T, _ = s.shape
     concordant = np.zeros(B, np.int64)
     discordant = np.zeros(B, np.int64)
@@ -212,31 +213,40 @@ def cosine_by_distance(mean_cosine: np.ndarray) -> np.ndarray:
     return sums / np.arange(T, 0, -1)  # T - k entries on sub-diagonal k
 
 
-def distance_sums(block: Tensor, start: int) -> Tensor:
-    """Sums of a lower-triangle row block by distance: ``block`` (R, C) holds S[i, j] for rows
-    i = start..start+R-1 and columns j = 0..C-1, C = start + R (as :func:`cosine_row_blocks`
-    gives it, summed over samples); entry k of the result (C,) sums S[i, i - k] over its rows.
+def lower_triangle_sums(
+    lower: np.ndarray,
+    start: int,
+    block: int,
+    squares: np.ndarray,
+    distances: np.ndarray,
+    diagonal: np.ndarray,
+) -> None:
+    """Add a row block of lower triangles into the sums that stand in for the whole matrices.
 
-    The rows are skewed so that each distance is a column: row r of a copy padded with R zeros
-    on the left, read from offset r (a strided view, row stride C + R + 1), holds at column e
-    the entry at distance C - e. O(R C) time and one copy of the block.
+    ``lower`` (B, R, C) holds S[i, j] for rows i = start..start+R-1 and columns j = 0..C-1,
+    C = start + R (as :func:`cosine_row_blocks` gives it); ``start`` is a multiple of
+    ``block``. Into float64 arrays: ``squares`` (K, K), the sums of S[i, j], j <= i, over
+    ``block`` x ``block`` squares of positions; ``distances`` (T,), entry k the sum of
+    S[i, i - k]; ``diagonal`` (K,), the sums of S[i, i] per square. One pass, O(B R C).
     """
-    R, C = block.shape
-    assert start + R == C, "a row block of the lower triangle ends at its last row"
-    padded = torch.nn.functional.pad(block, (R, 0))  # (R, C + R)
-    skewed = padded.flatten().as_strided((R, C + 1), (C + R + 1, 1))
-    return skewed.sum(0)[1:].flip(0)
+    R, C = lower.shape[-2:]
+    if start + R != C or start % block:
+        raise ValueError(
+            "a row block of the lower triangle starts at a square and ends at its last row"
+        )
+    _lower_triangle_sums(to_numpy(lower), start, block, squares, distances, diagonal)
 
 
-def block_sums(lower: Tensor, start: int, block: int, out: Tensor) -> None:
-    """Add a row block of the lower triangle (R, C), rows from ``start`` (a multiple of
-    ``block``), into ``out``: the sums over ``block`` x ``block`` squares of positions (K, K);
-    entries above the diagonal (columns j > i, in the block's last R columns) are left out."""
-    R, C = lower.shape
-    rows, columns = -(-R // block), -(-C // block)
-    if R % block or C % block:  # the last row block: zeros make whole squares
-        lower = torch.nn.functional.pad(lower, (0, columns * block - C, 0, rows * block - R))
-    sums = lower.view(rows, block, columns, block).sum((1, 3))
-    above = lower[:, start : start + rows * block].triu(1)  # the square above its diagonal
-    sums[:, start // block :] -= above.view(rows, block, rows, block).sum((1, 3))
-    out[start // block : start // block + rows, :columns] += sums.to(out.dtype)
+@numba.njit(cache=True, nogil=True)
+def _lower_triangle_sums(lower, start, block, squares, distances, diagonal):  # pragma: no cover
+    for b in range(lower.shape[0]):
+        for r in range(lower.shape[1]):
+            i = start + r
+            row, square = lower[b, r], i // block
+            for first in range(0, i + 1, block):  # one square of the row at a time
+                total = 0.0
+                for j in range(first, min(first + block, i + 1)):
+                    total += row[j]
+                    distances[i - j] += row[j]
+                squares[square, first // block] += total
+            diagonal[square] += row[i]

@@ -21,14 +21,14 @@ from torch import Tensor
 from nopelab.measure.metrics import (
     AdjacencyCounts,
     adjacency_counts,
-    block_sums,
     cosine_by_distance,
     cosine_row_blocks,
-    distance_sums,
+    lower_triangle_sums,
     norm_score,
     norm_score_zuo,
     position_variance,
     symmetric_from_lower,
+    to_numpy,
 )
 
 MAX_MATRIX = 1024  # the kept mean cosine matrix has at most this many rows
@@ -95,10 +95,12 @@ class SiteStats:
         self.norm_sum = _zeros((seq_len,), device)
         self.block = matrix_block(seq_len, max_matrix)
         side = -(-seq_len // self.block)
-        self.cosine_sum = _zeros((side, side), device)  # the lower triangle, summed per square
-        if self.block > 1:  # what the whole matrix would otherwise give at the end
-            self.distance_sum = _zeros((seq_len,), device)
-            self.diagonal_sum = _zeros((side,), device)
+        if self.block == 1:
+            self.cosine_sum = _zeros((seq_len, seq_len), device)  # the lower triangle
+        else:  # what the whole matrix would give at the end, summed on the CPU in one pass
+            self.cosine_sum = _zeros((side, side), "cpu")  # the lower triangle, per square
+            self.distance_sum = _zeros((seq_len,), "cpu")
+            self.diagonal_sum = _zeros((side,), "cpu")
         self.adjacency, self.adjacency_signed = RunningMoments(), RunningMoments()
         self.norm_score, self.norm_signed = RunningMoments(), RunningMoments()
         self.norm_score_zuo = RunningMoments()
@@ -114,16 +116,15 @@ class SiteStats:
         # The cosine matrix's lower triangle, a row block at a time: all that the scores read.
         counts = AdjacencyCounts.zeros(B)
         for start, block in cosine_row_blocks(h, norms=norms, align=self.block):
-            stop, summed = block.shape[-1], block.sum(0)
+            rows = to_numpy(block)  # (copied once off a GPU) for the passes on the CPU
             if self.block == 1:
-                self.cosine_sum[start:stop, :stop] += summed
+                self.cosine_sum[start : block.shape[-1], : block.shape[-1]] += block.sum(0)
             else:
-                block_sums(summed, start, self.block, self.cosine_sum)
-                self.distance_sum[:stop] += distance_sums(summed, start).double()
-                diagonal = summed.diagonal(start).double()  # S[i, i]: 1, or 0 for a zero vector
-                rows = torch.arange(start, stop, device=h.device) // self.block
-                self.diagonal_sum.index_add_(0, rows, diagonal)
-            counts += adjacency_counts(block, start)
+                squares, distances = self.cosine_sum.numpy(), self.distance_sum.numpy()
+                lower_triangle_sums(
+                    rows, start, self.block, squares, distances, self.diagonal_sum.numpy()
+                )
+            counts += adjacency_counts(rows, start)
         adjacency, by_norm = counts.scores(T), norm_score(norms)
         self.adjacency.update(adjacency.score)
         self.adjacency_signed.update(adjacency.signed)

@@ -19,6 +19,7 @@ from nopelab.measure.metrics import (
     cosine_by_distance,
     cosine_matrix,
     cosine_row_blocks,
+    lower_triangle_sums,
     norm_score,
     norm_score_zuo,
     pair_counts,
@@ -503,6 +504,30 @@ def test_cosine_row_blocks_tile_the_lower_triangle(T: int, min_block: int) -> No
     given_norms = cosine_row_blocks(h, min_block, norms=h.norm(dim=-1))
     for (_, block), (_, again) in zip(cosine_row_blocks(h, min_block), given_norms, strict=True):
         torch.testing.assert_close(again, block, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lower_triangle_sums_equal_loops_over_the_matrix(dtype) -> None:
+    """Row blocks (of 6 rows, then the last 5) of two 17 x 17 matrices, squares of 3."""
+    T, block = 17, 3
+    s = np.random.default_rng(0).normal(size=(2, T, T)).astype(dtype)
+    K = -(-T // block)
+    squares, distances, diagonal = np.zeros((K, K)), np.zeros(T), np.zeros(K)
+    for start in (0, 6, 12):
+        stop = min(start + 6, T)
+        lower_triangle_sums(s[:, start:stop, :stop], start, block, squares, distances, diagonal)
+    want_squares, want_distances, want_diagonal = np.zeros((K, K)), np.zeros(T), np.zeros(K)
+    for b in range(2):
+        for i in range(T):
+            want_diagonal[i // block] += s[b, i, i]
+            for j in range(i + 1):
+                want_squares[i // block, j // block] += s[b, i, j]
+                want_distances[i - j] += s[b, i, j]
+    np.testing.assert_allclose(squares, want_squares, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(distances, want_distances, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(diagonal, want_diagonal, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="starts at a square"):
+        lower_triangle_sums(s[:, 4:8, :8], 4, block, squares, distances, diagonal)
 
 
 def test_adjacency_counts_add_up_over_row_blocks() -> None:
