@@ -627,27 +627,36 @@ def loss_by_position(frame: pd.DataFrame, path: Path, train_len: int, title: str
     _save(fig, path)
 
 
-def accuracy_by_length(frame: pd.DataFrame, labels: dict[str, str], path: Path) -> None:
-    """Exact match against operand length: a panel per task, a line per encoding (mean over
-    seeds), the task's training lengths 1..``max_len`` shaded."""
+def accuracy_by_length(
+    frame: pd.DataFrame,
+    labels: dict[str, str],
+    path: Path,
+    measures: dict[str, str] | None = None,
+) -> None:
+    """Exact match (or each of ``measures``, column name: axis label, a row of panels each)
+    against operand length: a panel per task, a line per encoding (mean over seeds), the task's
+    training lengths 1..``max_len`` shaded."""
     tasks = list(dict.fromkeys(frame["task"]))
+    rows = measures or {"accuracy": "exact match"}
     fig, axes = _pyplot().subplots(
-        1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False, layout="constrained"
-    )
-    for ax, task in zip(axes[0], tasks, strict=True):
-        rows = frame[frame["task"] == task]
-        mean = rows.groupby(["pos_encoding", "length"], sort=False)["accuracy"].mean()
-        for i, pe in enumerate(labels):
-            if pe in mean.index.get_level_values(0):
-                ax.plot(mean[pe].index, mean[pe].to_numpy(), marker="o", ms=3, lw=1.2,
-                        color=f"C{i}", label=labels[pe])  # fmt: skip
-        ax.axvspan(0.5, rows["max_len"].iloc[0] + 0.5, color="grey", alpha=0.15, lw=0)
-        ax.set(
-            xlabel="operand length", title=f"{task} (shaded: trained lengths)", ylim=(-0.03, 1.03)
-        )
-        ax.xaxis.set_major_locator(_integer_ticks())
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("exact match")
+        len(rows), len(tasks), figsize=(4.2 * len(tasks), 3.4 * len(rows)), squeeze=False,
+        layout="constrained",
+    )  # fmt: skip
+    for panels, (column, label) in zip(axes, rows.items(), strict=True):
+        for ax, task in zip(panels, tasks, strict=True):
+            of_task = frame[frame["task"] == task]
+            mean = of_task.groupby(["pos_encoding", "length"], sort=False)[column].mean()
+            for i, pe in enumerate(labels):
+                if pe in mean.index.get_level_values(0):
+                    ax.plot(mean[pe].index, mean[pe].to_numpy(), marker="o", ms=3, lw=1.2,
+                            color=f"C{i}", label=labels[pe])  # fmt: skip
+            ax.axvspan(0.5, of_task["max_len"].iloc[0] + 0.5, color="grey", alpha=0.15, lw=0)
+            ax.set(xlabel="operand length", title=f"{task} (shaded: trained lengths)")
+            if measures is None:
+                ax.set_ylim(-0.03, 1.03)
+            ax.xaxis.set_major_locator(_integer_ticks())
+            ax.grid(alpha=0.3)
+        panels[0].set_ylabel(label, fontsize=8 if measures else None)
     axes[0][0].legend(fontsize=8)
     _save(fig, path)
 

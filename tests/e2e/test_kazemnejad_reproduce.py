@@ -46,6 +46,15 @@ def test_kazemnejad2023_smoke_and_its_resume(
     assert (out / "accuracy_by_length.png").stat().st_size > 0
     models = pd.read_parquet(out / "models.parquet")
     assert len(models) == len(tasks) * len(POS_ENCODINGS)
+    measured = pd.read_parquet(out / "mechanisms.parquet")  # every model, length and layer
+    layers = SCALES["smoke"]["model"]["n_layers"]
+    assert len(measured) == len(table) * layers
+    assert measured.groupby(["task", "pos_encoding", "seed", "length"]).size().eq(layers).all()
+    assert measured["entropy_ratio"].between(0, 1 + 1e-6).all() and measured.notna().all().all()
+    broken = pd.read_parquet(out / "breaks.parquet")
+    assert len(broken) == len(models) and len(summary["breaks"]) == len(models)
+    assert "## Position mechanisms past the training lengths" in text
+    assert (out / "mechanisms_by_length.png").stat().st_size > 0
 
     # interrupted after some models: --resume trains only the missing one, to the same numbers
     kept = {p.name: (p / "summary.json").stat().st_mtime_ns for p in (out / "runs").iterdir()}
@@ -59,6 +68,7 @@ def test_kazemnejad2023_smoke_and_its_resume(
         assert (out / "runs" / name / "summary.json").stat().st_mtime_ns == mtime
     assert (out / "runs" / gone / "lengths.json").is_file()
     pd.testing.assert_frame_equal(pd.read_parquet(out / "accuracy.parquet"), table)
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "mechanisms.parquet"), measured)
 
 
 def test_an_unknown_scale_is_one_line(

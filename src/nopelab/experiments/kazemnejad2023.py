@@ -11,6 +11,12 @@ share the average rank), and each encoding's mean reciprocal rank (MRR) over the
 beside Kazemnejad et al.'s (ten tasks, L = 20, tested to 2L). A model that does not learn the
 task at the training lengths says nothing about generalisation: the summary flags it.
 
+Beside the accuracy, each model's position mechanisms are measured on the test instances of
+every length (:func:`mechanisms`): the slope of log Var(``attn_out``) against log position
+(Chi et al.'s 1/m law: -1), the adjacency score of ``attn_out`` and the attention entropy over
+that of uniform attention, per layer. Where each departs from its trend over the training
+lengths (:func:`nopelab.measure.breaks.departure`) is set beside where the accuracy breaks.
+
 Models train (and are tested) in worker processes, one per core on a CPU; a run directory that
 already holds finished models is continued, not retrained.
 """
@@ -20,17 +26,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
+import numpy as np
 import pandas as pd
+import torch
 
 from nopelab import plots
 from nopelab.config import ModelConfig, PosEncoding, TrainConfig
 from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.summary_template import fill, shape_values
 from nopelab.experiments.train_and_measure import train_into
+from nopelab.measure import breaks
+from nopelab.measure.capture import StreamingCapture
+from nopelab.models.transformer import Transformer
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.runner import Job, default_workers, run_jobs
@@ -38,7 +50,7 @@ from nopelab.tables import markdown_table
 from nopelab.training.run import TrainRun
 from nopelab.training.task_config import TaskConfig
 from nopelab.training.task_kinds import TASK_KINDS, Example
-from nopelab.training.tasks import accuracy, make_splits, max_line_len
+from nopelab.training.tasks import accuracy, encode, make_splits, max_line_len
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "rope", "alibi")
 LABELS = {
@@ -54,6 +66,14 @@ PUBLISHED_MRR = {"none": 0.69, "learned": 0.22, "sinusoidal": 0.22, "rope": 0.33
 PUBLISHED_T5_MRR = 0.55
 STRETCH = 3  # tested at lengths 1..STRETCH x L
 LEARNED_AT = 0.9  # in-distribution accuracy below which a model has not learned its task
+BROKEN_AT = 0.5  # accuracy breaks where it stays below this share of the in-distribution mean
+# How far a mechanism may stray from its trend over the training lengths before it departs
+TOLERANCES = {"variance_slope": 0.2, "adjacency": 0.05, "entropy_ratio": 0.05}
+MEASURES = {
+    "variance_slope": "slope of log Var(attn_out) on log position, layer 1",
+    "adjacency": "adjacency score of attn_out, mean over layers",
+    "entropy_ratio": "attention entropy / uniform's, mean over layers",
+}
 
 
 class Scale(TypedDict):
@@ -171,8 +191,8 @@ def length_test(
 
 
 def train_and_test(run: TrainRun, longest: int, per_length: int, folder: Path) -> None:
-    """Train ``run`` into ``folder``, then write its exact match at every operand length
-    1..``longest`` (``lengths.json``; a job)."""
+    """Train ``run`` into ``folder``, then write its exact match and position mechanisms at
+    every operand length 1..``longest`` (``lengths.json``, ``mechanisms.json``; a job)."""
     from nopelab.training.train import load_trained
 
     train_into(run, folder)
@@ -180,12 +200,48 @@ def train_and_test(run: TrainRun, longest: int, per_length: int, folder: Path) -
     _, model = load_trained(folder, device)
     task_cfg = task_of(run)
     trained = {e.prompt for e in make_splits(task_cfg, run.train.seed)[0]}
-    rows = []
+    rows, measured = [], []
     for length in range(1, longest + 1):
         examples, seen = length_test(task_cfg, length, per_length, run.train.seed, trained)
         right = accuracy(model, examples, device=device)
         rows.append({"length": length, "accuracy": right, "instances": len(examples), "seen": seen})
+        measured += [{"length": length, **row} for row in mechanisms(model, examples, device)]
     write_json(folder / "lengths.json", rows)
+    write_json(folder / "mechanisms.json", measured)
+
+
+@torch.inference_mode()
+def mechanisms(
+    model: Transformer, examples: list[Example], device: torch.device
+) -> list[dict[str, Any]]:
+    """Per layer, over the instances' whole lines (prompt, answer, newline) from position 0:
+    the least-squares slope of log Var(``attn_out``) on log position, the adjacency score of
+    ``attn_out`` and the attention entropy over uniform attention's (positions 2..T). Lines of
+    the most common length only (a sum may be a digit longer than another of its length)."""
+    tokens = Counter(len(e.text) for e in examples).most_common(1)[0][0]
+    ids = torch.tensor([encode(e.text) for e in examples if len(e.text) == tokens], device=device)
+    with StreamingCapture(model, ["attn_out"], tokens, attn_entropy=True, device=device) as cap:
+        for batch in ids.split(256):
+            model(batch)
+    result = cap.result()
+    log_position = np.log(np.arange(1, tokens + 1))
+    rows = []
+    for (_, layer), stats in result.sites.items():
+        attention = result.attention[layer]
+        log_variance = np.log(np.maximum(stats.variance, 1e-30))
+        rows.append(
+            {
+                "layer": layer,
+                "tokens": tokens,
+                "lines": len(ids),
+                "variance_slope": float(np.polyfit(log_position, log_variance, 1)[0]),
+                "adjacency": stats.adjacency.mean,
+                "entropy_ratio": float(
+                    np.mean(attention.entropy[1:] / attention.uniform_entropy[1:])
+                ),
+            }
+        )
+    return rows
 
 
 def run(settings: Settings, out: Path) -> None:
@@ -194,7 +250,7 @@ def run(settings: Settings, out: Path) -> None:
         for m in settings.models
     ]
     run_jobs(jobs, out / "runs", "kazemnejad2023 task models", settings.workers, what="models")
-    rows, trainings = [], []
+    rows, trainings, measured = [], [], []
     keys = ["task", "pos_encoding", "seed"]
     for m in settings.models:
         folder = out / "runs" / m.key
@@ -202,6 +258,10 @@ def run(settings: Settings, out: Path) -> None:
         rows += [
             {**labels, "max_len": m.max_len, **row, "in_distribution": row["length"] <= m.max_len}
             for row in json.loads((folder / "lengths.json").read_text())
+        ]
+        measured += [
+            {**labels, "max_len": m.max_len, **row}
+            for row in json.loads((folder / "mechanisms.json").read_text())
         ]
         summary = json.loads((folder / "summary.json").read_text())
         trainings.append(
@@ -216,14 +276,19 @@ def run(settings: Settings, out: Path) -> None:
     models = model_table(by_length).merge(pd.DataFrame(trainings), on=keys)
     ranks = rank_table(models)
     mrr = mrr_table(ranks)
+    curves = mechanism_curves(pd.DataFrame(measured))
+    broken = break_table(by_length, curves)
     for name, frame in [
         ("accuracy", by_length),
         ("models", models),
         ("ranks", ranks),
         ("mrr", mrr),
+        ("mechanisms", pd.DataFrame(measured)),
+        ("breaks", broken),
     ]:
         frame.to_parquet(out / f"{name}.parquet", index=False)
     plots.accuracy_by_length(by_length, LABELS, out / "accuracy_by_length.png")
+    plots.accuracy_by_length(curves, LABELS, out / "mechanisms_by_length.png", measures=MEASURES)
     verdict = verdicts(mrr, models)
     write_json(
         out / "summary.json",
@@ -235,9 +300,46 @@ def run(settings: Settings, out: Path) -> None:
             "mrr": mrr.to_dict("records"),
             "published_t5_mrr": PUBLISHED_T5_MRR,
             "verdict": verdict,
+            "breaks": broken.to_dict("records"),
         },
     )
-    (out / "summary.md").write_text(summary_text(settings, by_length, ranks, mrr, verdict))
+    (out / "summary.md").write_text(summary_text(settings, by_length, ranks, mrr, verdict, broken))
+
+
+def mechanism_curves(measured: pd.DataFrame) -> pd.DataFrame:
+    """Per model and length, one value of each of :data:`MEASURES`: the variance slope of layer
+    1 (where Chi et al.'s law holds), the adjacency score and entropy ratio averaged over
+    layers."""
+    keys = ["task", "pos_encoding", "seed", "max_len", "length"]
+    first = measured[measured["layer"] == 1].set_index(keys)["variance_slope"]
+    means = measured.groupby(keys, sort=False)[["adjacency", "entropy_ratio"]].mean()
+    return means.join(first).reset_index()[[*keys, *MEASURES]]
+
+
+def break_table(by_length: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+    """Per model, in operand lengths: where the exact match breaks (the first length past L
+    from which it stays below :data:`BROKEN_AT` of its mean over 1..L), where each mechanism
+    departs from its trend over 1..L (by :data:`TOLERANCES`), and which comes first."""
+    keys = ["task", "pos_encoding", "seed"]
+    rows = []
+    for labels, model in by_length.groupby(keys, sort=False):
+        L = int(model["max_len"].iloc[0])
+        model = model.sort_values("length")
+        lengths, right = model["length"].to_numpy(float), model["accuracy"].to_numpy()
+        level = right[lengths <= L].mean()
+        row = dict(zip(keys, labels, strict=True))
+        row["accuracy_break"] = breaks.lasting_from(lengths, right < BROKEN_AT * level, L)
+        curve = curves.merge(pd.DataFrame([row])[keys], on=keys).sort_values("length")
+        for measure, tolerance in TOLERANCES.items():
+            values = curve[measure].to_numpy()
+            where = breaks.departure(curve["length"].to_numpy(float), values, L, tolerance)
+            row[f"{measure}_departure"] = where
+            row[f"accuracy_vs_{measure}"] = breaks.order(row["accuracy_break"], where)
+        row["variance_vs_adjacency"] = breaks.order(
+            row["variance_slope_departure"], row["adjacency_departure"]
+        )
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def model_table(by_length: pd.DataFrame) -> pd.DataFrame:
@@ -331,9 +433,10 @@ def summary_text(
     ranks: pd.DataFrame,
     mrr: pd.DataFrame,
     verdict: dict[str, Any],
+    broken: pd.DataFrame,
 ) -> str:
     """``summary.md``: the recipe, MRR beside Kazemnejad et al.'s, accuracies and ranks per task,
-    the verdict and the models that did not learn their task."""
+    the verdict, the models that did not learn their task, and where the mechanisms break."""
     first = settings.models[0].run
     tasks = {m.task: m for m in settings.models}  # one model per task: its recipe
     recipe = pd.DataFrame(
@@ -402,4 +505,63 @@ def summary_text(
         learned_at=f"{LEARNED_AT:g}",
         flagged=flagged,
         seen=seen,
+        broken_at=f"{BROKEN_AT:g}",
+        tolerances=", ".join(f"{m} {t:g}" for m, t in TOLERANCES.items()),
+        breaks_table=markdown_table(_break_cells(broken)),
+        breaks_answer=breaks_answer(broken),
+    )
+
+
+def _break_cells(broken: pd.DataFrame) -> pd.DataFrame:
+    def at(value: float | None) -> str:
+        return "—" if value is None or pd.isna(value) else f"{value:g}"
+
+    return pd.DataFrame(
+        {
+            "task": broken["task"],
+            "encoding": broken["pos_encoding"].map(LABELS),
+            "seed": broken["seed"],
+            "accuracy breaks": broken["accuracy_break"].map(at),
+            **{
+                f"{measure} departs": broken[f"{measure}_departure"].map(at)
+                for measure in TOLERANCES
+            },
+        }
+    )
+
+
+def breaks_answer(broken: pd.DataFrame) -> str:
+    """How each mechanism's departure stands to the accuracy break, counted over the models
+    whose accuracy breaks, and the variance law against the adjacency pattern over all."""
+    failing = broken[broken["accuracy_break"].notna()]
+    if failing.empty:
+        return "No model's exact match breaks past its training lengths by this rule."
+    parts = []
+    for measure in TOLERANCES:
+        counts = failing[f"accuracy_vs_{measure}"].value_counts()
+        said = {
+            "after": "before it",  # the accuracy breaks after the mechanism: it departs first
+            "with": "with it",
+            "before": "after it",
+            "only first": "never",
+        }
+        parts.append(
+            f"{measure} departs "
+            + ", ".join(f"{said[k]} in {int(counts[k])}" for k in said if k in counts)
+        )
+    relation = broken["variance_vs_adjacency"].value_counts()
+    named = {
+        "before": "before it",
+        "with": "with it",
+        "after": "after it",
+        "only first": "alone",
+        "only second": "not while it does",
+        "neither": "neither departs",
+    }
+    return (
+        f"Of the {len(failing)} models whose exact match breaks: "
+        + "; ".join(parts)
+        + ". Against the adjacency score, over all models, the variance slope departs "
+        + ", ".join(f"{named[k]} in {int(relation[k])}" for k in named if k in relation)
+        + "."
     )

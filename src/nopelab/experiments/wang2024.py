@@ -45,6 +45,7 @@ from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.summary_template import fill, schedule_values, shape_values
 from nopelab.experiments.train_and_measure import lm_runs, train_into
 from nopelab.measure.analysis import analyze_model
+from nopelab.measure.breaks import COINCIDE, departure, lasting_from, order
 from nopelab.measure.length import (
     FLAT_TOLERANCE,
     bucket_rows,
@@ -74,11 +75,9 @@ LABELS = {"none": "NoPE", "rope": "RoPE"}
 LENGTHS = (1, 2, 4, 8, 16)  # multiples of the training length evaluated
 MECHANISM_LENGTHS = (1, 2, 4, 8)  # those analysed
 BATCH_TOKENS = 8192  # tokens per forward pass when evaluating
-FIT_FROM = 1 / 8  # the lines are fitted over positions FIT_FROM x T .. T
 ENTROPY_TOLERANCE = 0.1  # nats off the line
 VARIANCE_TOLERANCE = 0.2  # in log variance: about 20 % off the line
 ADJACENCY_TOLERANCE = 0.05  # change of the adjacency score (a probability) from 1x
-COINCIDE = 1.5  # two positions within this factor coincide
 UP_TO = f"up to {MECHANISM_LENGTHS[-1]}x"  # where the breaks by position are looked for
 RESULT_FILE = "measured.json"
 
@@ -226,20 +225,6 @@ def middles(rows: pd.DataFrame) -> np.ndarray:
     return np.sqrt(rows["bucket_start"].to_numpy() * rows["bucket_end"].to_numpy())
 
 
-def lasting_from(positions: np.ndarray, exceeds: np.ndarray, after: float) -> float | None:
-    """The first of ``positions`` (increasing) beyond ``after`` from which ``exceeds`` holds at
-    every later position, or ``None`` when it does not hold at the last."""
-    first = None
-    for position, over in zip(positions, exceeds, strict=True):
-        if position <= after:
-            continue
-        if not over:
-            first = None
-        elif first is None:
-            first = float(position)
-    return first
-
-
 def loss_break(
     positions: np.ndarray,
     loss: np.ndarray,
@@ -252,29 +237,6 @@ def loss_break(
     within = (positions > train_len / 2) & (positions <= train_len)
     level = loss[within].mean()
     return lasting_from(positions, loss > level + tolerance, train_len)
-
-
-def departure(
-    positions: np.ndarray, values: np.ndarray, train_len: int, tolerance: float
-) -> float | None:
-    """The first position past ``train_len`` from which ``values`` stay more than ``tolerance``
-    away from their least-squares line against log position over ``FIT_FROM`` x ``train_len``
-    .. ``train_len`` (``None``: they never do)."""
-    within = (positions >= FIT_FROM * train_len) & (positions <= train_len)
-    slope, intercept = np.polyfit(np.log(positions[within]), values[within], 1)
-    residual = values - (intercept + slope * np.log(positions))
-    return lasting_from(positions, np.abs(residual) > tolerance, train_len)
-
-
-def order(first: float | None, second: float | None) -> str:
-    """Whether ``first`` comes ``before``, ``with`` (within a factor :data:`COINCIDE`) or
-    ``after`` ``second``; ``neither`` when neither breaks, ``only first``/``only second`` when
-    one does."""
-    if first is None or second is None:
-        return "neither" if first is second else "only first" if second is None else "only second"
-    if abs(math.log(first / second)) <= math.log(COINCIDE):
-        return "with"
-    return "before" if first < second else "after"
 
 
 def break_length(ppl: dict[int, float]) -> int | None:

@@ -4,14 +4,21 @@ a learned table covers the longest tested line, and each length's test set has t
 from __future__ import annotations
 
 import dataclasses
+import math
 
+import numpy as np
 import pandas as pd
 import pytest
+import torch
 
+from nopelab.config import ModelConfig
 from nopelab.experiments.kazemnejad2023 import (
     SCALES,
     STRETCH,
+    break_table,
+    breaks_answer,
     length_test,
+    mechanisms,
     model_table,
     mrr_table,
     nope_answer,
@@ -20,9 +27,10 @@ from nopelab.experiments.kazemnejad2023 import (
     task_config,
     verdicts,
 )
+from nopelab.measure.metrics import adjacency_score_bruteforce, cosine_matrix
 from nopelab.models.transformer import build_model
-from nopelab.training.task_kinds import TASK_KINDS
-from nopelab.training.tasks import greedy_answers, make_splits, max_line_len
+from nopelab.training.task_kinds import TASK_KINDS, Example
+from nopelab.training.tasks import encode, greedy_answers, make_splits, max_line_len
 
 
 def models(ood: dict[tuple[str, str], list[float]]) -> pd.DataFrame:
@@ -135,3 +143,64 @@ def test_each_length_test_set_has_that_length_and_avoids_training_prompts(task: 
         assert seen == max(0, len(examples) - unseen)  # training prompts only where needed
         again, _ = length_test(cfg, length, 40, 0, trained)
         assert again == examples  # the same set for every encoding of a seed
+
+
+def test_mechanisms_equal_brute_force_on_the_kept_activations() -> None:
+    """Lines of the most common length only; the variance slope and adjacency score from the
+    whole attn_out activations, kept by a plain hook."""
+    cfg = ModelConfig(vocab_size=40, d_model=32, n_heads=2, n_layers=2, max_seq_len=32)
+    model = build_model(cfg, seed=0).eval()
+    sums = [("12", "34", "64"), ("55", "55", "011"), ("10", "21", "31"), ("20", "30", "05")]
+    examples = [Example(f"{a}+{b}=", c) for a, b, c in sums]  # 9 or 10 characters a line
+    kept: dict[int, torch.Tensor] = {}
+    handles = [
+        block.attn.register_forward_hook(
+            lambda m, i, out, layer=layer: kept.__setitem__(layer, out.detach())
+        )
+        for layer, block in enumerate(model.blocks, start=1)
+    ]
+    try:
+        rows = mechanisms(model, examples, torch.device("cpu"))
+        with torch.inference_mode():
+            model(torch.tensor([encode(e.text) for e in examples if len(e.text) == 9]))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert [row["layer"] for row in rows] == [1, 2]
+    for row in rows:
+        h = kept[row["layer"]].double()  # (3, 9, d): the three 9-character lines
+        assert row["tokens"] == 9 and row["lines"] == 3
+        variance = h.var(-1, correction=0).mean(0).numpy()
+        slope = np.polyfit(np.log(np.arange(1, 10)), np.log(variance), 1)[0]
+        assert row["variance_slope"] == pytest.approx(slope, rel=1e-4)
+        adjacency = adjacency_score_bruteforce(cosine_matrix(h)).score.mean()
+        assert row["adjacency"] == pytest.approx(adjacency, abs=1e-12)
+        assert 0 < row["entropy_ratio"] <= 1 + 1e-6
+
+
+def test_breaks_are_found_at_known_lengths_and_ordered() -> None:
+    """L = 4, lengths 1..12. NoPE: accuracy falls from 7; the variance slope, linear in log
+    length, jumps from 6; adjacency and entropy never move. RoPE: nothing breaks."""
+    L, lengths = 4, np.arange(1, 13)
+    rows, curves = [], []
+    for pe in ("none", "rope"):
+        broken = pe == "none"
+        for n in lengths:
+            right = 0.1 if broken and n >= 7 else 1.0
+            rows.append({"task": "copy", "pos_encoding": pe, "seed": 0, "max_len": L,
+                         "length": n, "accuracy": right})  # fmt: skip
+            slope = -1 + 0.05 * math.log(n) + (0.5 if broken and n >= 6 else 0)
+            curves.append({"task": "copy", "pos_encoding": pe, "seed": 0, "max_len": L,
+                           "length": n, "variance_slope": slope, "adjacency": 0.8,
+                           "entropy_ratio": 0.6 - 0.01 * math.log(n)})  # fmt: skip
+    table = break_table(pd.DataFrame(rows), pd.DataFrame(curves)).set_index("pos_encoding")
+    nope, rope = table.loc["none"], table.loc["rope"]
+    assert nope["accuracy_break"] == 7 and nope["variance_slope_departure"] == 6
+    assert pd.isna(nope["adjacency_departure"]) and pd.isna(nope["entropy_ratio_departure"])
+    assert nope["accuracy_vs_variance_slope"] == "with"  # 7 / 6 is within a factor 1.5
+    assert nope["accuracy_vs_adjacency"] == "only first"
+    assert nope["variance_vs_adjacency"] == "only first"
+    assert pd.isna(rope["accuracy_break"]) and rope["variance_vs_adjacency"] == "neither"
+    text = breaks_answer(table.reset_index())
+    assert text.startswith("Of the 1 models whose exact match breaks: variance_slope departs ")
+    assert "variance_slope departs with it in 1" in text and "adjacency departs never in 1" in text

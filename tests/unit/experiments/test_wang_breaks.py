@@ -11,12 +11,10 @@ import pytest
 from nopelab.experiments.wang2024 import (
     adjacency_change,
     break_length,
-    departure,
     fix_table,
-    lasting_from,
     loss_break,
-    order,
 )
+from nopelab.measure.breaks import departure, lasting_from, order
 from nopelab.measure.length import log_buckets
 
 T = 64
