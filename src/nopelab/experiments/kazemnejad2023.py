@@ -317,9 +317,10 @@ def mechanism_curves(measured: pd.DataFrame) -> pd.DataFrame:
 
 
 def break_table(by_length: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
-    """Per model, in operand lengths: where the exact match breaks (the first length past L
-    from which it stays below :data:`BROKEN_AT` of its mean over 1..L), where each mechanism
-    departs from its trend over 1..L (by :data:`TOLERANCES`), and which comes first."""
+    """Per model, in operand lengths: whether it learned its task (:data:`LEARNED_AT` over
+    1..L), where the exact match breaks (the first length past L from which it stays below
+    :data:`BROKEN_AT` of its mean over 1..L), where each mechanism departs from its trend over
+    1..L (by :data:`TOLERANCES`), and which comes first (``with``: at the same length)."""
     keys = ["task", "pos_encoding", "seed"]
     rows = []
     for labels, model in by_length.groupby(keys, sort=False):
@@ -328,15 +329,16 @@ def break_table(by_length: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
         lengths, right = model["length"].to_numpy(float), model["accuracy"].to_numpy()
         level = right[lengths <= L].mean()
         row = dict(zip(keys, labels, strict=True))
+        row["learned"] = bool(level >= LEARNED_AT)
         row["accuracy_break"] = breaks.lasting_from(lengths, right < BROKEN_AT * level, L)
         curve = curves.merge(pd.DataFrame([row])[keys], on=keys).sort_values("length")
         for measure, tolerance in TOLERANCES.items():
             values = curve[measure].to_numpy()
             where = breaks.departure(curve["length"].to_numpy(float), values, L, tolerance)
             row[f"{measure}_departure"] = where
-            row[f"accuracy_vs_{measure}"] = breaks.order(row["accuracy_break"], where)
+            row[f"accuracy_vs_{measure}"] = breaks.order(row["accuracy_break"], where, 1.0)
         row["variance_vs_adjacency"] = breaks.order(
-            row["variance_slope_departure"], row["adjacency_departure"]
+            row["variance_slope_departure"], row["adjacency_departure"], 1.0
         )
         rows.append(row)
     return pd.DataFrame(rows)
@@ -532,16 +534,18 @@ def _break_cells(broken: pd.DataFrame) -> pd.DataFrame:
 
 def breaks_answer(broken: pd.DataFrame) -> str:
     """How each mechanism's departure stands to the accuracy break, counted over the models
-    whose accuracy breaks, and the variance law against the adjacency pattern over all."""
-    failing = broken[broken["accuracy_break"].notna()]
+    that learned their task and whose accuracy breaks, and the variance law against the
+    adjacency pattern over the learned models."""
+    learned = broken[broken["learned"]]
+    failing = learned[learned["accuracy_break"].notna()]
     if failing.empty:
-        return "No model's exact match breaks past its training lengths by this rule."
+        return "No model that learned its task breaks past its training lengths by this rule."
     parts = []
     for measure in TOLERANCES:
         counts = failing[f"accuracy_vs_{measure}"].value_counts()
         said = {
             "after": "before it",  # the accuracy breaks after the mechanism: it departs first
-            "with": "with it",
+            "with": "at its length",
             "before": "after it",
             "only first": "never",
         }
@@ -549,19 +553,19 @@ def breaks_answer(broken: pd.DataFrame) -> str:
             f"{measure} departs "
             + ", ".join(f"{said[k]} in {int(counts[k])}" for k in said if k in counts)
         )
-    relation = broken["variance_vs_adjacency"].value_counts()
+    relation = learned["variance_vs_adjacency"].value_counts()
     named = {
         "before": "before it",
-        "with": "with it",
+        "with": "at the same length",
         "after": "after it",
         "only first": "alone",
         "only second": "not while it does",
         "neither": "neither departs",
     }
     return (
-        f"Of the {len(failing)} models whose exact match breaks: "
+        f"Of the {len(failing)} models that learned their task and whose exact match breaks: "
         + "; ".join(parts)
-        + ". Against the adjacency score, over all models, the variance slope departs "
+        + ". Against the adjacency score, over the learned models, the variance slope departs "
         + ", ".join(f"{named[k]} in {int(relation[k])}" for k in named if k in relation)
         + "."
     )

@@ -45,12 +45,12 @@ def departure(
     return lasting_from(positions, np.abs(residual) > tolerance, train_len)
 
 
-def order(first: float | None, second: float | None) -> str:
-    """Whether ``first`` comes ``before``, ``with`` (within a factor :data:`COINCIDE`) or
+def order(first: float | None, second: float | None, coincide: float = COINCIDE) -> str:
+    """Whether ``first`` comes ``before``, ``with`` (within a factor ``coincide``; 1: equal) or
     ``after`` ``second``; ``neither`` when neither breaks, ``only first``/``only second`` when
     one does."""
     if first is None or second is None:
         return "neither" if first is second else "only first" if second is None else "only second"
-    if abs(math.log(first / second)) <= math.log(COINCIDE):
+    if abs(math.log(first / second)) <= math.log(coincide):
         return "with"
     return "before" if first < second else "after"

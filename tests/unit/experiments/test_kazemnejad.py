@@ -197,10 +197,16 @@ def test_breaks_are_found_at_known_lengths_and_ordered() -> None:
     nope, rope = table.loc["none"], table.loc["rope"]
     assert nope["accuracy_break"] == 7 and nope["variance_slope_departure"] == 6
     assert pd.isna(nope["adjacency_departure"]) and pd.isna(nope["entropy_ratio_departure"])
-    assert nope["accuracy_vs_variance_slope"] == "with"  # 7 / 6 is within a factor 1.5
+    assert nope["accuracy_vs_variance_slope"] == "after"  # lengths: 6 comes before 7
+    assert bool(nope["learned"]) and bool(rope["learned"])
     assert nope["accuracy_vs_adjacency"] == "only first"
     assert nope["variance_vs_adjacency"] == "only first"
     assert pd.isna(rope["accuracy_break"]) and rope["variance_vs_adjacency"] == "neither"
     text = breaks_answer(table.reset_index())
-    assert text.startswith("Of the 1 models whose exact match breaks: variance_slope departs ")
-    assert "variance_slope departs with it in 1" in text and "adjacency departs never in 1" in text
+    assert text.startswith("Of the 1 models that learned their task and whose exact match breaks")
+    assert (
+        "variance_slope departs before it in 1" in text and "adjacency departs never in 1" in text
+    )
+    assert text.endswith("the variance slope departs alone in 1, neither departs in 1.")
+    unlearned = table.reset_index().assign(learned=False)
+    assert breaks_answer(unlearned).startswith("No model that learned its task breaks")
