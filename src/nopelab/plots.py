@@ -677,16 +677,18 @@ def perplexity_by_fix(ppl: pd.DataFrame, labels: dict[str, str], path: Path) -> 
             )  # fmt: skip
         base = rows[(rows["fix"] == "none") & (rows["length_factor"] == 1)]["perplexity"].iloc[0]
         ax.axhline(1.1 * base, color="grey", ls=":", lw=1)
-        ax.set(
-            xscale="log", xlabel="× training length",
-            title=labels[rows["pos_encoding"].iloc[0]],
-        )  # fmt: skip
+        ax.set(xscale="log", xlabel="× training length", title=_model_title(rows, labels))
         factors = sorted(rows["length_factor"].unique())
         ax.set_xticks(factors, [f"{f}" for f in factors])
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("held-out perplexity (per byte)")
     axes[0][0].legend(fontsize=7)
     _save(fig, path)
+
+
+def _model_title(rows: pd.DataFrame, labels: dict[str, str]) -> str:
+    """One model's encoding and seed, from its rows."""
+    return f"{labels[rows['pos_encoding'].iloc[0]]}, seed {rows['seed'].iloc[0]}"
 
 
 def mechanisms_by_position(
@@ -703,7 +705,7 @@ def mechanisms_by_position(
     )  # fmt: skip
     for row, model in zip(axes, models, strict=True):
         frame = mechanisms[mechanisms["model"] == model]
-        name = labels[frame["pos_encoding"].iloc[0]]
+        name = _model_title(frame, labels)
         for ax, (measure, layer) in zip(row, panels, strict=True):
             rows = frame[(frame["measure"] == measure) & (frame["layer"] == layer)]
             for i, (factor, line) in enumerate(rows.groupby("length_factor", sort=True)):

@@ -31,7 +31,7 @@ def test_wang2024_smoke_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     for name in FILES:
         assert (out / name).is_file(), name
     scale = SCALES["smoke"]
-    models = ["lm-none", "lm-rope"]
+    models = ["lm-none-seed0", "lm-rope-seed0"]
     fixes = ["none", *(f"uniform {c:g}" for c in scale["uniform"]), "headscale"]
 
     ppl = pd.read_parquet(out / "perplexity.parquet")
@@ -60,11 +60,12 @@ def test_wang2024_smoke_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["breaks"]) == set(models)
-    assert "NoPE stays flat up to" in (out / "summary.md").read_text()
+    text = (out / "summary.md").read_text()
+    assert "NoPE, seed 0 stays flat up to" in text and "Over the seeds" in text
 
     # interrupted before one model finished: --resume trains and measures only it, to the same rows
-    kept = (out / "runs" / "lm-none" / "measured.json").stat().st_mtime_ns
-    shutil.rmtree(out / "runs" / "lm-rope")
+    kept = (out / "runs" / "lm-none-seed0" / "measured.json").stat().st_mtime_ns
+    shutil.rmtree(out / "runs" / "lm-rope-seed0")
     for name in FILES:
         (out / name).unlink()
     reproduce(["wang2024", "--out", str(out), "--resume"], monkeypatch)
@@ -73,4 +74,4 @@ def test_wang2024_smoke_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPat
             pd.read_parquet(out / f"{name}.parquet"),
             {"perplexity": ppl, "positions": positions, "mechanisms": mechanisms}[name],
         )
-    assert (out / "runs" / "lm-none" / "measured.json").stat().st_mtime_ns == kept
+    assert (out / "runs" / "lm-none-seed0" / "measured.json").stat().st_mtime_ns == kept

@@ -178,6 +178,7 @@ def summary_text(
         "chi2023_pretrained",
         **shape_values(m),
         **schedule_values(t),
+        seed=t.seed,
         samples=a.samples,
         window=a.seq_len,
         perplexity_table=markdown_table(ppl, ".3f"),

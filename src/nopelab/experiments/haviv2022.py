@@ -269,6 +269,7 @@ def summary_text(
         "haviv2022",
         **shape_values(m),
         **schedule_values(t),
+        seed=t.seed,
         published_seq_len=PUBLISHED_SEQ_LEN,
         perplexity_table=markdown_table(ppl_table, ".3f"),
         window=a.seq_len,

@@ -34,12 +34,11 @@ def shape_values(model: ModelConfig) -> dict[str, object]:
 
 def schedule_values(train: TrainConfig) -> dict[str, object]:
     """A language model's training, as the templates name it: ``steps``, ``batch_size``,
-    ``seq_len``, ``lr``, ``warmup``, ``seed``."""
+    ``seq_len``, ``lr``, ``warmup``."""
     return {
         "steps": train.steps,
         "batch_size": train.batch_size,
         "seq_len": train.seq_len,
         "lr": f"{train.lr:g}",
         "warmup": train.warmup,
-        "seed": train.seed,
     }

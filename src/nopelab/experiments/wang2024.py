@@ -90,6 +90,7 @@ class Scale(TypedDict):
     samples: int  # held-out sequences analysed per length
     uniform: list[float]  # uniform logit factors swept
     headscale: dict[str, Any]  # length_factor, steps, lr, batch_size
+    seeds: int  # --seed, --seed + 1, ...
 
 
 SCALES = cast(dict[str, Scale], read_scales("wang2024", Scale))
@@ -107,8 +108,21 @@ class Measures:
 
 
 @dataclass(frozen=True)
+class Model:
+    """One language model of the part: its encoding, seed and training run."""
+
+    pos_encoding: str
+    seed: int
+    run: TrainRun
+
+    @property
+    def key(self) -> str:
+        return f"lm-{self.pos_encoding}-seed{self.seed}"
+
+
+@dataclass(frozen=True)
 class Settings:
-    runs: dict[str, TrainRun]  # pos_encoding -> run
+    models: list[Model]
     measures: Measures
     workers: int  # models trained at once
 
@@ -116,14 +130,18 @@ class Settings:
 def settings(scale: str, seed: int, device: str) -> Settings:
     s = SCALES[scale]
     resolve_device(device)
-    runs = lm_runs(POS_ENCODINGS, s["model"], s["train"], seed, device)
+    models = [
+        Model(pe, seed + offset, run)
+        for offset in range(s["seeds"])
+        for pe, run in lm_runs(POS_ENCODINGS, s["model"], s["train"], seed + offset, device).items()
+    ]
     measures = Measures(
         s["eval_tokens"], s["buckets"], s["samples"], tuple(s["uniform"]), s["headscale"]
     )
     longest = LENGTHS[-1] * s["train"]["seq_len"]
     if measures.eval_tokens < longest:  # at least one window at every length
         raise ValueError(f"scale {scale}: eval_tokens must be at least {longest}")
-    return Settings(runs, measures, default_workers(device))
+    return Settings(models, measures, default_workers(device))
 
 
 # ------------------------------------------------------------------------ one model (a job)
@@ -311,27 +329,23 @@ def fix_table(ppl: pd.DataFrame) -> pd.DataFrame:
 
 
 def run(settings: Settings, out: Path) -> None:
-    jobs = [
-        Job(f"lm-{pe}", measure_model, (train_run, settings.measures))
-        for pe, train_run in settings.runs.items()
-    ]
+    jobs = [Job(m.key, measure_model, (m.run, settings.measures)) for m in settings.models]
     run_jobs(jobs, out / "runs", "wang2024 language models", settings.workers, what="models")
     tables: dict[str, list[pd.DataFrame]] = {"perplexity": [], "positions": [], "mechanisms": []}
     headscale = {}
-    for pe, train_run in settings.runs.items():
-        key = f"lm-{pe}"
-        record = json.loads((out / "runs" / key / RESULT_FILE).read_text())
-        labels = {"model": key, "pos_encoding": pe, "seed": train_run.train.seed}
+    for m in settings.models:
+        record = json.loads((out / "runs" / m.key / RESULT_FILE).read_text())
+        labels = {"model": m.key, "pos_encoding": m.pos_encoding, "seed": m.seed}
         for name, frames in tables.items():
             frames.append(pd.DataFrame(record[name]).assign(**labels)[[*labels, *record[name][0]]])
-        headscale[key] = record["headscale"]["scales"]
+        headscale[m.key] = record["headscale"]["scales"]
     ppl, positions, mechanisms = (
         pd.concat(frames, ignore_index=True) for frames in tables.values()
     )
     ppl.to_parquet(out / "perplexity.parquet", index=False)
     positions.to_parquet(out / "positions.parquet", index=False)
     mechanisms.to_parquet(out / "mechanisms.parquet", index=False)
-    train_len = next(iter(settings.runs.values())).train.seq_len
+    train_len = settings.models[0].run.train.seq_len
     breaks = {
         key: model_breaks(
             train_len,
@@ -359,6 +373,45 @@ def run(settings: Settings, out: Path) -> None:
 # ------------------------------------------------------------------------ summary
 
 
+def model_name(key: str) -> str:
+    """``lm-none-seed1`` -> ``NoPE, seed 1``."""
+    pos_encoding, seed = key.removeprefix("lm-").rsplit("-seed", 1)
+    return f"{LABELS[pos_encoding]}, seed {seed}"
+
+
+def seed_table(
+    breaks: dict[str, dict[str, Any]], fixes: pd.DataFrame, train_len: int
+) -> pd.DataFrame:
+    """Per encoding, over the seeds: the flat length at each, the range of the 2x perplexity's
+    change over the 1x one, and the ranges of the breaks by position (in multiples of T)."""
+    trained = fixes[fixes["fix"] == "none"].set_index("model")
+    rows = []
+    for pe in POS_ENCODINGS:
+        keys = [k for k in breaks if k.removeprefix("lm-").rsplit("-seed", 1)[0] == pe]
+        change = [100 * (trained.loc[k, "ppl_2x"] / trained.loc[k, "ppl_1x"] - 1) for k in keys]
+        row = {
+            "model": LABELS[pe],
+            "seeds": len(keys),
+            "flat length": ", ".join(f"{breaks[k]['flat_length']}x" for k in keys),
+            "2x perplexity": f"{min(change):+.1f} … {max(change):+.1f} %",
+        }
+        for name, field in [
+            ("loss break", "loss_break"),
+            ("entropy inflection", "entropy_inflection_earliest"),
+            ("variance departure", "variance_departure"),
+        ]:
+            found = [breaks[k][field] / train_len for k in keys if breaks[k][field] is not None]
+            missing = len(keys) - len(found)
+            span = f"{min(found):.2g} … {max(found):.2g}x" if found else ""
+            row[name] = span + (f"{', ' if found else ''}none in {missing}" if missing else "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _seeds(seeds: list[int]) -> str:
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+
+
 def _position(p: float | None, train_len: int) -> str:
     return f"none {UP_TO}" if p is None else f"{p:.0f} ({p / train_len:.2g}x)"
 
@@ -379,7 +432,7 @@ def _relation(relation: str, first: str, second: str) -> str:
 
 def _verdict(key: str, b: dict[str, Any], train_len: int) -> str:
     """Plain sentences about one model's breaks."""
-    name = LABELS[key.removeprefix("lm-")]
+    name = model_name(key)
     adjacency = b["adjacency_change"]
     moved = f"does not move {UP_TO}" if adjacency is None else f"first moves at {adjacency}x"
     mechanisms = _relation(b["entropy_vs_variance"], "entropy inflection", "variance departure")
@@ -405,7 +458,7 @@ def _fix_verdict(fixes: pd.DataFrame, key: str, target: int) -> str:
     best = uniform.sort_values(["flat_length", "cost_at_1x_percent"], ascending=[False, True])
     top = best.index[0]
     gain = int(best.loc[top, "flat_length"])
-    name = LABELS[key.removeprefix("lm-")]
+    name = model_name(key)
     at = f"ppl_{target}x"
     closest = uniform[at].idxmin()
     if gain > flat:
@@ -433,13 +486,13 @@ def summary_text(
     headscale: dict[str, list[list[float]]],
 ) -> str:
     """``summary.md``: the breaks of each model and what each fix does."""
-    first = settings.runs["none"]
+    first = settings.models[0].run
     m, t, s = first.model, first.train, settings.measures
     rows = []
     for key, b in breaks.items():
         rows.append(
             {
-                "model": LABELS[key.removeprefix("lm-")],
+                "model": model_name(key),
                 "flat length": f"{b['flat_length']}x",
                 "loss break": _position(b["loss_break"], t.seq_len),
                 "entropy inflection": _position(b["entropy_inflection_earliest"], t.seq_len),
@@ -450,13 +503,13 @@ def summary_text(
             }
         )
     scales = [
-        {"model": LABELS[key.removeprefix("lm-")], "layer": layer, "scales": ", ".join(
+        {"model": model_name(key), "layer": layer, "scales": ", ".join(
             f"{v:.2f}" for v in values
         )}
         for key, layers in headscale.items()
         for layer, values in enumerate(layers, 1)
     ]  # fmt: skip
-    shown = fixes.assign(model=fixes["model"].str.removeprefix("lm-").map(LABELS))
+    shown = fixes.assign(model=fixes["model"].map(model_name))
     return fill(
         "wang2024",
         **shape_values(m),
@@ -473,10 +526,12 @@ def summary_text(
         adjacency_tolerance=f"{ADJACENCY_TOLERANCE:g}",
         coincide=f"{COINCIDE:g}",
         flat_sentence=" ".join(
-            f"{LABELS[key.removeprefix('lm-')]} stays flat up to {b['flat_length']}x T."
+            f"{model_name(key)} stays flat up to {b['flat_length']}x T."
             for key, b in breaks.items()
         ),
         breaks_table=markdown_table(pd.DataFrame(rows)),
+        seeds_table=markdown_table(seed_table(breaks, fixes, t.seq_len)),
+        seeds=_seeds(sorted({m.seed for m in settings.models})),
         verdicts="\n\n".join(_verdict(key, b, t.seq_len) for key, b in breaks.items()),
         fixes_table=markdown_table(shown, ".3f"),
         fix_verdicts="\n\n".join(

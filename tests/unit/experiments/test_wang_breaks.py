@@ -13,6 +13,8 @@ from nopelab.experiments.wang2024 import (
     break_length,
     fix_table,
     loss_break,
+    model_name,
+    seed_table,
 )
 from nopelab.measure.breaks import departure, lasting_from, order
 from nopelab.measure.length import log_buckets
@@ -101,3 +103,33 @@ def test_fix_table_flat_length_and_cost_at_1x() -> None:
     assert table.loc["uniform 1.5", "flat_length"] == 8  # 11.2 <= 1.1 x 10.2
     assert table.loc["none", "cost_at_1x_percent"] == 0
     assert table.loc["uniform 1.5", "cost_at_1x_percent"] == pytest.approx(2.0)
+
+
+def test_seed_table_gives_each_encodings_range_over_its_seeds() -> None:
+    """Two NoPE seeds and one RoPE seed, worked by hand (T = 64)."""
+
+    def breaks(flat: int, loss: float | None, entropy: float | None) -> dict:
+        return {"flat_length": flat, "loss_break": loss, "entropy_inflection_earliest": entropy,
+                "variance_departure": None}  # fmt: skip
+
+    found = {
+        "lm-none-seed0": breaks(2, 80.0, 64.0),
+        "lm-none-seed1": breaks(1, 128.0, None),
+        "lm-rope-seed0": breaks(1, 70.0, 66.0),
+    }
+    fixes = pd.DataFrame(
+        [
+            {"model": "lm-none-seed0", "fix": "none", "ppl_1x": 4.0, "ppl_2x": 4.4},
+            {"model": "lm-none-seed0", "fix": "headscale", "ppl_1x": 9.0, "ppl_2x": 9.0},
+            {"model": "lm-none-seed1", "fix": "none", "ppl_1x": 5.0, "ppl_2x": 5.25},
+            {"model": "lm-rope-seed0", "fix": "none", "ppl_1x": 3.0, "ppl_2x": 6.0},
+        ]
+    )
+    table = seed_table(found, fixes, 64).set_index("model")
+    assert table.loc["NoPE", "seeds"] == 2 and table.loc["NoPE", "flat length"] == "2x, 1x"
+    assert table.loc["NoPE", "2x perplexity"] == "+5.0 … +10.0 %"
+    assert table.loc["NoPE", "loss break"] == "1.2 … 2x"  # 80 / 64 and 128 / 64
+    assert table.loc["NoPE", "entropy inflection"] == "1 … 1x, none in 1"
+    assert table.loc["NoPE", "variance departure"] == "none in 2"
+    assert table.loc["RoPE", "2x perplexity"] == "+100.0 … +100.0 %"
+    assert model_name("lm-rope-seed12") == "RoPE, seed 12"
