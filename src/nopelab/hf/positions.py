@@ -28,6 +28,7 @@ from torch.utils.hooks import RemovableHandle
 
 from nopelab.errors import ConfigError
 from nopelab.hf.sites import HFModel
+from nopelab.measure.sites import SiteKey
 
 TOLERANCE = 1e-5  # relative change below which a layer counts as position-free
 STRETCH = 3
@@ -62,12 +63,16 @@ def position_use(
     idx = torch.randint(model.cfg.vocab_size, (1, T), generator=generator).to(device)
     x = torch.randn(1, T, model.cfg.d_model, generator=generator).to(device, dtype)
     outputs = []
+    sites = [("embed", 0)] + [("attn_out", layer) for layer in range(1, model.cfg.n_layers + 1)]
     for positions in (natural, stretched):
         seen: dict[int, Tensor] = {}
-        handles = model.observe([("embed", 0)], _keep(seen, 0))
-        for layer, attn in enumerate(model.attention_modules(), start=1):
+
+        def keep(key: SiteKey, h: Tensor, seen: dict[int, Tensor] = seen) -> None:
+            seen[key[1]] = h.clone()
+
+        handles = model.observe(sites, keep)
+        for attn in model.attention_modules():  # every attention reads the same x
             handles.append(attn.register_forward_pre_hook(_feed(x), with_kwargs=True))
-            handles.append(attn.register_forward_hook(_keep(seen, layer)))
         try:
             model(idx, position_ids=positions.to(device))
         finally:
@@ -111,16 +116,6 @@ def _feed(x: Tensor):
         if "hidden_states" in kwargs:
             return args, {**kwargs, "hidden_states": x}
         return (x, *args[1:]), kwargs
-
-    return hook
-
-
-def _keep(seen: dict[int, Tensor], layer: int):
-    """A forward hook (or an ``observe`` callback) that keeps a copy of its tensor."""
-
-    def hook(*args) -> None:
-        output = args[-1]
-        seen[layer] = (output[0] if isinstance(output, tuple) else output).clone()
 
     return hook
 
