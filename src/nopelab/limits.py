@@ -110,13 +110,15 @@ def statistics_bytes(analysis: AnalysisConfig, n_layers: int) -> int:
     return (SITE_MATRIX * site_layers + REPORT_MATRICES) * side**2 + vectors + block
 
 
-def check_statistics(analysis: AnalysisConfig, n_layers: int, n_heads: int) -> None:
-    """Refuse an analysis of a model of ``n_layers`` and ``n_heads`` (a Hugging Face one, whose
-    weights are checked apart) whose statistics would not fit."""
-    needed = statistics_bytes(analysis, n_layers)
+def check_statistics(analysis: AnalysisConfig, n_layers: int, n_heads: int = 0) -> None:
+    """Refuse an analysis of a model of ``n_layers`` (and, with ``attn_entropy``, ``n_heads``
+    query heads: a Hugging Face one, whose weights are checked apart) whose statistics would
+    not fit."""
+    parts = {"statistics": (statistics_bytes(analysis, n_layers), STATS)}
     if analysis.attn_entropy:
-        needed += attention_bytes(n_heads, analysis.batch_size, analysis.seq_len)
-    _check("analysing", {"statistics": (needed, STATS)})
+        heads = attention_bytes(n_heads, analysis.batch_size, analysis.seq_len)
+        parts["attention statistics"] = (heads, "--batch-size or --seq-len")
+    _check("analysing", parts)
 
 
 def check_training(cfg: ModelConfig, batch_size: int, seq_len: int) -> None:

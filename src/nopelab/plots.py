@@ -242,12 +242,16 @@ def attention_entropy(attention: pd.DataFrame, path: Path) -> None:
     """Attention entropy per query position against the uniform value, one line per layer."""
     fig, axes = _lines_by_layer(attention.assign(site="attention"), "position", "entropy")
     ax = axes["attention"]
-    first = attention[attention["layer"] == attention["layer"].min()]
-    (line,) = ax.plot(
-        first["position"], first["uniform_entropy"], "k--", lw=1.5, label="uniform (log m)"
-    )
+    curves: dict[bytes, pd.DataFrame] = {}  # one dashed line per distinct uniform curve
+    for _, layer in attention.groupby("layer", sort=True):  # (sliding windows differ)
+        curves.setdefault(layer["uniform_entropy"].round(9).to_numpy().tobytes(), layer)
+    label = "uniform (log m)" if len(curves) == 1 else "uniform over the visible keys"
+    lines = [
+        ax.plot(c["position"], c["uniform_entropy"], "k--", lw=1.5, label=label)[0]
+        for c in curves.values()
+    ]
     ax.set(xlabel="query position m", ylabel="entropy (nats)", title="")
-    ax.legend(handles=[line], fontsize=7)
+    ax.legend(handles=lines[:1], fontsize=7)
     _save(fig, path)
 
 
@@ -627,15 +631,23 @@ def loss_by_position(frame: pd.DataFrame, path: Path, train_len: int, title: str
     _save(fig, path)
 
 
-def accuracy_by_length(
-    frame: pd.DataFrame,
-    labels: dict[str, str],
-    path: Path,
-    measures: dict[str, str] | None = None,
+def accuracy_by_length(frame: pd.DataFrame, labels: dict[str, str], path: Path) -> None:
+    """Exact match against operand length: a panel per task, a line per encoding (mean over
+    seeds), the task's training lengths 1..``max_len`` shaded."""
+    _by_length(frame, labels, path, None)
+
+
+def mechanisms_by_length(
+    frame: pd.DataFrame, labels: dict[str, str], path: Path, measures: dict[str, str]
 ) -> None:
-    """Exact match (or each of ``measures``, column name: axis label, a row of panels each)
-    against operand length: a panel per task, a line per encoding (mean over seeds), the task's
-    training lengths 1..``max_len`` shaded."""
+    """Each of ``measures`` (column name: axis label) against operand length, a row of panels
+    each, laid out as :func:`accuracy_by_length`."""
+    _by_length(frame, labels, path, measures)
+
+
+def _by_length(
+    frame: pd.DataFrame, labels: dict[str, str], path: Path, measures: dict[str, str] | None
+) -> None:
     tasks = list(dict.fromkeys(frame["task"]))
     rows = measures or {"accuracy": "exact match"}
     fig, axes = _pyplot().subplots(

@@ -393,7 +393,7 @@ def seed_table(
             "model": LABELS[pe],
             "seeds": len(keys),
             "flat length": ", ".join(f"{breaks[k]['flat_length']}x" for k in keys),
-            "2x perplexity": f"{min(change):+.1f} … {max(change):+.1f} %",
+            "2x perplexity": _span([f"{c:+.1f}" for c in change], " %"),
         }
         for name, field in [
             ("loss break", "loss_break"),
@@ -402,10 +402,17 @@ def seed_table(
         ]:
             found = [breaks[k][field] / train_len for k in keys if breaks[k][field] is not None]
             missing = len(keys) - len(found)
-            span = f"{min(found):.2g} … {max(found):.2g}x" if found else ""
+            span = _span([f"{v:.2g}" for v in sorted(found)], "x") if found else ""
             row[name] = span + (f"{', ' if found else ''}none in {missing}" if missing else "")
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _span(values: list[str], unit: str) -> str:
+    """The first and last of ``values`` (formatted, in order) as a range, or the one value."""
+    ordered = sorted(values, key=float)
+    first, last = ordered[0], ordered[-1]
+    return f"{first}{unit}" if first == last else f"{first} … {last}{unit}"
 
 
 def _seeds(seeds: list[int]) -> str:

@@ -255,7 +255,8 @@ def load_run(
                 config, "n_layer", 1
             )
             layers = min(int(layers), max_layers or int(layers))
-            check_statistics(analysis, layers, int(config.num_attention_heads))
+            heads = int(config.num_attention_heads) if analysis.attn_entropy else 0
+            check_statistics(analysis, layers, heads)
 
     model, tokenizer, files = load_model(path, trust_remote_code, max_layers, check)
     if rope_off:

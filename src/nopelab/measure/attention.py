@@ -79,8 +79,8 @@ class AttentionStats:
     ) -> None:
         """(B, H, T, head_dim) queries and keys as the attention multiplies them: the logits are
         ``q / divisor @ k^T`` plus the (H, T, T) position ``bias``, if any. ``visible``: a bool
-        (B or 1, H or 1, T, T) mask of the keys each query sees, instead of the causal triangle
-        (or every key when not causal)."""
+        (B or 1, H or 1, T, T) mask of the keys each query sees (a sliding window), read within
+        the causal triangle when causal; without it, the causal triangle or every key."""
         q, k = q.detach().float(), k.detach().float()
         B, H, T, _ = q.shape
         if self.entropy_sum.shape[1] != T:

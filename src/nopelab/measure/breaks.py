@@ -37,6 +37,8 @@ def departure(
     ``train_len`` .. ``train_len`` (``None``: they never do; a constant where one position
     alone is fitted)."""
     within = (positions >= FIT_FROM * train_len) & (positions <= train_len)
+    if not within.any():
+        raise ValueError(f"no position in {FIT_FROM:g} x {train_len} .. {train_len} to fit")
     if within.sum() > 1:
         slope, intercept = np.polyfit(np.log(positions[within]), values[within], 1)
     else:

@@ -63,14 +63,21 @@ class StreamingCapture:
         self._handles: list[torch.utils.hooks.RemovableHandle | Recording] = []
 
     def __enter__(self) -> StreamingCapture:
-        self._handles += self.sites.observe(self.stats, lambda key, h: self.stats[key].update(h))
-        if isinstance(self.model, Transformer):
-            for layer, stats in self.attention.items():
-                self._handles += stats.attach(cast(Block, self.model.blocks[layer - 1]).attn)
-        elif self.attention:
-            from nopelab.hf.attention import record_attention
+        try:
+            self._handles += self.sites.observe(
+                self.stats, lambda key, h: self.stats[key].update(h)
+            )
+            if isinstance(self.model, Transformer):
+                for layer, stats in self.attention.items():
+                    self._handles += stats.attach(cast(Block, self.model.blocks[layer - 1]).attn)
+            elif self.attention:
+                from nopelab.hf.attention import record_attention
 
-            self._handles.append(record_attention(cast("HFModel", self.model), self.attention))
+                model = cast("HFModel", self.model)
+                self._handles.append(record_attention(model, self.attention))
+        except BaseException:
+            self.__exit__()  # no hook outlives a capture that did not start
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -87,6 +94,13 @@ class StreamingCapture:
                     f"the activations at {site} layer {layer} are not finite (NaN or inf): "
                     "check the weights and --init-std, or analyse in --dtype float32"
                 )
+        seen = any(stats.samples for stats in self.stats.values())
+        for layer, attention in self.attention.items():
+            if seen and not attention.samples:
+                raise RunFailed(
+                    f"the attention of layer {layer} was never computed where nopelab reads it: "
+                    "this model's attention cannot be measured (run without --attn-entropy)"
+                )
         return CaptureResult(
             sites={key: stats.result() for key, stats in self.stats.items()},
             attention={layer: stats.result() for layer, stats in self.attention.items()},
@@ -100,16 +114,17 @@ def _attention_stats(
     from nopelab.hf.sites import HFModel
 
     if isinstance(model, Transformer):
-        heads, causal = model.cfg.n_heads, not model.cfg.bidirectional
+        heads, causal = model.cfg.n_heads, [not model.cfg.bidirectional] * model.cfg.n_layers
     elif isinstance(model, HFModel):
-        from nopelab.hf.attention import attention_heads
+        from nopelab.hf.attention import attention_heads, causal_layers, check_recordable
 
-        heads, causal = attention_heads(model), True
+        check_recordable(model)
+        heads, causal = attention_heads(model), causal_layers(model)
     else:
         raise ConfigError(
             "attn_entropy", "reads attention logits of native nopelab or Hugging Face models only"
         )
     return {
-        layer: AttentionStats(seq_len, n_heads=heads, causal=causal, device=device)
+        layer: AttentionStats(seq_len, n_heads=heads, causal=causal[layer - 1], device=device)
         for layer in range(1, model.cfg.n_layers + 1)
     }

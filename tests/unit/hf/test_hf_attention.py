@@ -11,7 +11,6 @@ import torch
 
 from helpers import run_cli
 from hf_tiny import ARCHITECTURES, HEADS, LAYERS, VOCAB, tiny
-from nopelab.hf.attention import IMPLEMENTATION
 from nopelab.hf.sites import HFModel
 from nopelab.measure.capture import StreamingCapture
 
@@ -78,22 +77,72 @@ def test_max_layers_records_the_analysed_layers_only():
     assert sorted(capture.result().attention) == [1, 2]
 
 
-def test_an_attention_kernel_it_cannot_read_is_one_line():
+@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
+def test_an_eager_model_keeps_its_own_attention(model_type):
+    """Recording calls the function the model ran before: the outputs are bit-identical."""
+    idx = tokens()
+    model = HFModel(tiny(model_type))
+    model.hf.config._attn_implementation = "eager"
+    with torch.no_grad():
+        plain = model(idx)
+        with StreamingCapture(model, ["attn_out"], T, attn_entropy=True) as capture:
+            recorded = model(idx)
+    assert torch.equal(plain, recorded) and model.hf.config._attn_implementation == "eager"
+    entropy = reference(model_type, idx)[1][0]
+    got = torch.from_numpy(capture.result().attention[1].head_entropy)
+    torch.testing.assert_close(got, entropy / B, rtol=1e-5, atol=1e-6)
+
+
+def _hooks(model: torch.nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_an_attention_kernel_it_cannot_read_is_one_line_and_leaves_no_hook():
     from nopelab.errors import ConfigError
 
     model = HFModel(tiny("llama"))
     model.hf.config._attn_implementation = "flex_attention"
     with pytest.raises(ConfigError, match="reads the logits through sdpa or eager attention"):
-        StreamingCapture(model, ["attn_out"], T, attn_entropy=True).__enter__()
-    assert model.hf.config._attn_implementation == "flex_attention"
+        StreamingCapture(model, ["attn_out"], T, attn_entropy=True)
+    assert model.hf.config._attn_implementation == "flex_attention" and _hooks(model) == 0
 
 
-def test_an_error_inside_the_block_restores_the_attention():
-    model = HFModel(tiny("qwen2"))
-    with pytest.raises(RuntimeError), StreamingCapture(model, ["attn_out"], T, attn_entropy=True):
-        assert model.hf.config._attn_implementation == IMPLEMENTATION
-        raise RuntimeError
-    assert model.hf.config._attn_implementation == "sdpa"
+def test_a_second_recording_of_one_model_is_refused_and_leaves_no_hook():
+    from nopelab.errors import ConfigError
+
+    model = HFModel(tiny("llama"))
+    with StreamingCapture(model, ["attn_out"], T, attn_entropy=True):
+        before = _hooks(model)
+        second = StreamingCapture(model, ["resid_post"], T)  # no attention: fine
+        with second:
+            pass
+        with pytest.raises(ConfigError, match="already being recorded"):
+            StreamingCapture(model, ["attn_out"], T, attn_entropy=True)
+        assert _hooks(model) == before
+    assert _hooks(model) == 0 and model.hf.config._attn_implementation == "sdpa"
+
+
+def test_a_capture_that_fails_to_start_removes_its_hooks(monkeypatch):
+    import nopelab.hf.attention as recording
+
+    model = HFModel(tiny("llama"))
+    capture = StreamingCapture(model, ["attn_out"], T, attn_entropy=True)
+    monkeypatch.setattr(recording, "record_attention", lambda *a: (_ for _ in ()).throw(OSError))
+    with pytest.raises(OSError):
+        capture.__enter__()
+    assert _hooks(model) == 0
+
+
+def test_attention_that_never_runs_is_a_failed_run():
+    """An architecture whose attention bypasses the attention function records nothing."""
+    from nopelab.errors import RunFailed
+
+    model = HFModel(tiny("llama"))
+    with torch.no_grad(), StreamingCapture(model, ["attn_out"], T, attn_entropy=True) as capture:
+        model.hf.config._attn_implementation = "sdpa"  # as if nopelab's function were skipped
+        model(tokens())
+    with pytest.raises(RunFailed, match="attention of layer 1 was never computed"):
+        capture.result()
 
 
 @pytest.fixture(scope="module")
