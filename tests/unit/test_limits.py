@@ -166,6 +166,7 @@ def test_intervention_estimates_grow_with_what_they_count(monkeypatch) -> None:
     assert beyond["fit set"] == 0  # beyond --memory-gb the fit set is memory-mapped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "concept"),
     [("leace", "onehot"), ("leace-rotated", "scalar"), ("shuffle-norm", "onehot")],

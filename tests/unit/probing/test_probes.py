@@ -163,6 +163,7 @@ def test_plainly_encoded_position_is_recovered_exactly(encoding: str, kind: str)
     assert rows[0]["accuracy"] >= 0.99 and rows[0]["mad"] <= 0.02
 
 
+@pytest.mark.slow
 def test_bidirectional_nope_stays_at_baseline() -> None:
     """Without a causal mask or encoding every position is exchangeable: nothing to find.
     (cos_last is left out: it singles out the last token, cos = 1, and nothing else.)"""
@@ -253,6 +254,7 @@ def test_verdict_picks_the_lowest_error_and_weighs_the_spread() -> None:
     assert table.loc[2, "winner"] == "variance" and not table.loc[2, "decisive"]
 
 
+@pytest.mark.slow
 def test_probe_command_writes_a_documented_run(tmp_path: Path, monkeypatch) -> None:
     out = tmp_path / "probe"
     args = ["probe", "--d-model", "32", "--layers", "2", "--heads", "2", "--seq-len", "16",

@@ -131,6 +131,7 @@ def test_damaged_checkpoints_are_caught(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------ resume and DDP
 
 
+@pytest.mark.slow
 def test_resumed_run_retraces_the_uninterrupted_one(tmp_path: Path) -> None:
     run = tiny_run(steps=8, checkpoint_every=3)
     whole = train(run, tmp_path / "whole", progress=False)
@@ -428,6 +429,7 @@ def test_padded_rows_default_to_the_longest_line(tmp_path: Path, monkeypatch) ->
     )  # the longest line of 4-digit wherex
 
 
+@pytest.mark.slow
 def test_cli_text_run_then_analyze(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     corpus = tmp_path / "c.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
@@ -538,6 +540,7 @@ def test_bad_corpus_files(tmp_path: Path, capsys, monkeypatch) -> None:
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_existing_run_is_never_overwritten(tmp_path: Path, capsys, monkeypatch) -> None:
     out = tmp_path / "run"
     args = ["train", "--task", "copy", "--max-len", "5", "--train-size", "2000", "--test-size",
@@ -590,6 +593,7 @@ def test_resume_runs_on_another_device(tmp_path: Path, capsys, monkeypatch) -> N
     assert json.loads((out / "summary.json").read_text())["device"] == "cpu"  # where it ended
 
 
+@pytest.mark.slow
 def test_a_run_trains_further_with_more_steps(tmp_path: Path, capsys, monkeypatch) -> None:
     out = tmp_path / "run"
     run = tiny_run(steps=4, checkpoint_every=2)
@@ -831,6 +835,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_in_place(
     assert json.loads((out / "config.json").read_text())["train"]["steps"] == 3
 
 
+@pytest.mark.slow
 def test_training_in_a_log_prints_a_line_per_tenth_and_evaluation(
     tmp_path: Path, capsys, monkeypatch
 ) -> None:
