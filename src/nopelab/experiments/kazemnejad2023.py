@@ -203,12 +203,13 @@ def train_and_test(run: TrainRun, longest: int, per_length: int, folder: Path) -
     train_into(run, folder)
     device = resolve_device(run.train.device)
     _, model = load_trained(folder, device)
+    instances = instances_by_length(run, longest, per_length)
     rows = []
-    for length, (examples, seen) in instances_by_length(run, longest, per_length).items():
+    for length, (examples, seen) in instances.items():
         right = accuracy(model, examples, device=device)
         rows.append({"length": length, "accuracy": right, "instances": len(examples), "seen": seen})
     write_json(folder / "lengths.json", rows)
-    measure_mechanisms(run, longest, per_length, folder)
+    write_mechanisms(model, instances, device, folder)
 
 
 def instances_by_length(
@@ -225,14 +226,24 @@ def instances_by_length(
 
 
 def measure_mechanisms(run: TrainRun, longest: int, per_length: int, folder: Path) -> None:
-    """Write ``mechanisms.json``: :func:`mechanisms` of the trained model in ``folder`` at every
-    operand length 1..``longest``, on the instances its exact match is tested on."""
+    """:func:`write_mechanisms` of the trained model in ``folder`` (a model that finished before
+    its mechanisms were measured), on the instances its exact match was tested on."""
     from nopelab.training.train import load_trained
 
     device = resolve_device(run.train.device)
     _, model = load_trained(folder, device)
+    write_mechanisms(model, instances_by_length(run, longest, per_length), device, folder)
+
+
+def write_mechanisms(
+    model: Transformer,
+    instances: dict[int, tuple[list[Example], int]],
+    device: torch.device,
+    folder: Path,
+) -> None:
+    """Write ``mechanisms.json``: :func:`mechanisms` at every length of ``instances``."""
     measured = []
-    for length, (examples, _) in instances_by_length(run, longest, per_length).items():
+    for length, (examples, _) in instances.items():
         measured += [{"length": length, **row} for row in mechanisms(model, examples, device)]
     write_json(folder / "mechanisms.json", measured)
 
