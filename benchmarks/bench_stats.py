@@ -60,7 +60,7 @@ def forward_costs(seq_len: int, batch: int, repeats: int, seed: int) -> None:
 
     def with_stats(entropy: bool) -> Callable[[], object]:
         # The accumulators are allocated once, as in an analysis that streams many batches.
-        capture = StreamingCapture(model, SITES, seq_len, attn_entropy=entropy)
+        capture = StreamingCapture(model, [*SITES, "attention"][: len(SITES) + entropy], seq_len)
 
         def run() -> None:
             with capture:

@@ -18,7 +18,7 @@ import tomllib
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Final, Literal, Union, cast, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -34,6 +34,7 @@ NormPosition = Literal["pre", "post"]
 Input = Literal["random", "tokens", "data", "prompts"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 Site = Literal["embed", "attn_heads", "attn_out", "resid_mid", "mlp_out", "resid_post"]
+AnalysisSite = Literal[Site, "attention"]  # attention: each layer's pattern, reduced per head
 Precision = Literal["auto", "float32", "bfloat16"]
 Tokenizer = Literal["byte", "bpe"]
 Probe = Literal["linear-cls", "mlp-cls", "linear-reg", "mlp-reg"]
@@ -52,6 +53,7 @@ DTYPES = get_args(Dtype)
 SITES = get_args(Site)  # model order
 BLOCK_SITES = SITES[1:]
 DEFAULT_SITES = tuple(site for site in SITES if site != "attn_heads")  # attn_heads on request
+ATTENTION: Final = "attention"
 PRECISIONS = get_args(Precision)
 TOKENIZERS = get_args(Tokenizer)
 PROBES = get_args(Probe)
@@ -292,8 +294,11 @@ class AnalysisConfig:
         "a task run's test prompts one per sequence, left-padded with newlines to --seq-len "
         "(Zuo et al.); a run directory or hf: model defaults to data",
     )
-    sites: tuple[Site, ...] = setting(DEFAULT_SITES, "Comma-separated sites to measure")
-    attn_entropy: bool = setting(False, "Also record attention entropy and logit spread")
+    sites: tuple[AnalysisSite, ...] = setting(
+        DEFAULT_SITES,
+        "Comma-separated sites to measure; attention is every layer's attention pattern, "
+        "reduced in chunks to entropy and logit spread per head and position",
+    )
     seed: int = setting(0, "Seed for weights and inputs")
     device: str = setting("auto", "auto, cpu, cuda[:N] or mps")
     dtype: Dtype = setting("float32", "Activation precision")
@@ -307,6 +312,16 @@ class AnalysisConfig:
                 "seq_len", f"must be >= 3 for the adjacency score, got {self.seq_len}"
             )
         check_device(self.device)
+
+    @property
+    def attn_entropy(self) -> bool:
+        """Whether the attention pattern is among the sites."""
+        return ATTENTION in self.sites
+
+    @property
+    def vector_sites(self) -> tuple[Site, ...]:
+        """The sites whose activations are vectors (every site but the attention pattern)."""
+        return tuple(cast(Site, site) for site in self.sites if site != ATTENTION)
 
     def check_model(self, model: ModelConfig) -> None:
         """Reject combinations that the model cannot run."""

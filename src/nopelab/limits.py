@@ -25,7 +25,7 @@ STATS = "--seq-len or --sites"
 # counting's sort (32)
 SITE_MATRIX, REPORT_MATRICES, SITE_VECTORS, ROW_BLOCK = 12, 64, 64, 32
 # per logit of the attention statistics' chunk of query rows: the float32 logits, their softmax
-# and its entropies, and what the allocator keeps between chunks (measured: 3 to 6 copies)
+# and its entropies, and what the allocator keeps between chunks
 ATTENTION_CHUNK = 24
 
 
@@ -85,7 +85,7 @@ def check_analysis(cfg: ModelConfig, analysis: AnalysisConfig, statistics: bool 
 
 
 def attention_bytes(n_heads: int, batch_size: int, seq_len: int) -> int:
-    """The working memory of the attention statistics (``attn_entropy``): one chunk of every
+    """The working memory of the attention statistics (the site ``attention``): one chunk of every
     head's logits, :func:`~nopelab.measure.attention.chunk_rows` query rows against all keys
     (an ALiBi bias is the T x T term of :func:`forward_bytes`)."""
     from nopelab.measure.attention import chunk_rows
@@ -103,7 +103,7 @@ def statistics_bytes(analysis: AnalysisConfig, n_layers: int) -> int:
 
     T = analysis.seq_len
     side = -(-T // matrix_block(T))
-    site_layers = sum(1 if site == "embed" else n_layers for site in analysis.sites)
+    site_layers = sum(1 if site == "embed" else n_layers for site in analysis.vector_sites)
     rows = min(T, row_block(T, align=matrix_block(T)))
     block = ROW_BLOCK * analysis.batch_size * rows * T
     vectors = SITE_VECTORS * site_layers * T
@@ -111,7 +111,7 @@ def statistics_bytes(analysis: AnalysisConfig, n_layers: int) -> int:
 
 
 def check_statistics(analysis: AnalysisConfig, n_layers: int, n_heads: int = 0) -> None:
-    """Refuse an analysis of a model of ``n_layers`` (and, with ``attn_entropy``, ``n_heads``
+    """Refuse an analysis of a model of ``n_layers`` (and, with the site ``attention``, ``n_heads``
     query heads: a Hugging Face one, whose weights are checked apart) whose statistics would
     not fit."""
     parts = {"statistics": (statistics_bytes(analysis, n_layers), STATS)}

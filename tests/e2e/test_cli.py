@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from helpers import failure_line, run_cli
 from nopelab.cli import app
+from nopelab.config import DEFAULT_SITES
 from nopelab.runtime import progress as progress_module
 
 TINY = [
@@ -40,7 +41,20 @@ TINY = [
 
 def test_analyze_writes_a_complete_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "run"
-    assert run_cli(["analyze", *TINY, "--attn-entropy", "--out", str(out)], monkeypatch) == 0
+    assert (
+        run_cli(
+            [
+                "analyze",
+                *TINY,
+                "--sites",
+                f"{','.join(DEFAULT_SITES)},attention",
+                "--out",
+                str(out),
+            ],
+            monkeypatch,
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["rows"]) == 1 + 2 * 4  # embed + 4 sites in each of 2 layers
     for row in summary["rows"]:
@@ -82,6 +96,25 @@ def test_analyze_writes_a_complete_run(tmp_path: Path, monkeypatch: pytest.Monke
     ):
         assert (out / name).stat().st_size > 0
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+def test_the_attention_site_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--sites attention`` writes the attention files only, equal to those of a run that
+    measures vector sites beside it."""
+    alone, beside = tmp_path / "alone", tmp_path / "beside"
+    for out, sites in ((alone, "attention"), (beside, "attn_out,attention")):
+        assert run_cli(["analyze", *TINY, "--sites", sites, "--out", str(out)], monkeypatch) == 0
+    assert sorted(p.name for p in alone.iterdir() if not p.name.startswith(".")) == [
+        "attention.parquet",
+        "attention.png",
+        "attention_heads.parquet",
+        "config.json",
+        "summary.json",
+        "summary.md",
+    ]
+    assert json.loads((alone / "summary.json").read_text())["rows"] == []
+    for name in ("attention.parquet", "attention_heads.parquet"):
+        pd.testing.assert_frame_equal(pd.read_parquet(alone / name), pd.read_parquet(beside / name))
 
 
 def test_attn_heads_site_is_analysed_and_probed(tmp_path: Path, monkeypatch) -> None:

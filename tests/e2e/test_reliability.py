@@ -106,6 +106,7 @@ BAD_INPUT = {
         ("--split vocab", "--split: vocab builds sequences from token ids"),
         ("--layers 1000000000", "--layers, --d-model or --vocab-size: analysing"),
         ("RUN --probe-layers 5", "--probe-layers: layer 5 does not exist"),
+        ("--sites embed,attention", "--sites: probes read activation vectors"),
         ("--out " + "a" * 300, "--out: the name aaaaaaaaaaaaaaaa… is 300 bytes long"),
     ],
     "compare-signals": [

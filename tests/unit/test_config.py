@@ -210,7 +210,7 @@ def test_int_accepted_for_float_fields() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value", "expected"),
-    [("seq_len", "256", "int"), ("seed", 0.5, "int"), ("attn_entropy", 0, "bool")],
+    [("seq_len", "256", "int"), ("seed", 0.5, "int"), ("samples", 1.5, "int")],
 )
 def test_analysis_wrong_types(field: str, value: Any, expected: str) -> None:
     with raises_config_error(field, f"expected {expected}"):

@@ -83,7 +83,9 @@ def test_attention_entropy_needs_a_chunk_not_the_matrix(
     model = ModelConfig(d_model=32, n_layers=2, n_heads=2, pos_encoding=pos_encoding)
     for seq_len in (8192, 16384, 32768):
         for entropy in (False, True):
-            analysis = AnalysisConfig(seq_len=seq_len, batch_size=1, attn_entropy=entropy)
+            analysis = AnalysisConfig(
+                seq_len=seq_len, batch_size=1, sites=("attn_out", "attention")[: 1 + entropy]
+            )
             limits.check_analysis(model, analysis)
     added = [
         with_ - without for without, with_ in zip(activations[::2], activations[1::2], strict=True)

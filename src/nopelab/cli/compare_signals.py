@@ -28,7 +28,6 @@ if TYPE_CHECKING:
         "analysis",
         AnalysisConfig,
         ANALYSIS,
-        exclude=("attn_entropy",),
         defaults={"sites": ("attn_out", "resid_post")},
     ),
     Group(
@@ -83,7 +82,7 @@ def compare_signals(
             (run_dir.name, "init", initial, cfg, source),
             (run_dir.name, "trained", model, cfg, source),
         ]
-    probe_cfg = probe_settings(data, given)
+    probe_cfg = probe_settings(data, given, study.config.analysis)
     if any(not p.endswith("reg") for p in probe_cfg.probes):
         raise UserError("--probes: compare-signals uses regression probes: linear-reg, mlp-reg")
     out = out or default_out("compare-signals")

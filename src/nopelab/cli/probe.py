@@ -33,15 +33,17 @@ PROBE_ANALYSIS = Group(
     "analysis",
     AnalysisConfig,
     ANALYSIS,
-    exclude=("attn_entropy",),
     defaults={"sites": ("embed", "resid_post")},
 )
 
 
-def probe_settings(data: dict[str, Any], given: Given) -> Any:
-    """The validated [probe] settings: the config file's table with the flags laid over it."""
+def probe_settings(data: dict[str, Any], given: Given, analysis: AnalysisConfig) -> Any:
+    """The validated [probe] settings: the config file's table with the flags laid over it;
+    ``analysis``'s sites are checked to be ones a probe can read."""
     from nopelab.config import ProbeConfig, build
+    from nopelab.probing.pipeline import check_probe_sites
 
+    check_probe_sites(analysis.sites)
     given.lay_over(data, "probe")
     return build(ProbeConfig, data["probe"], "config.probe")
 
@@ -68,7 +70,7 @@ def probe(
     out = out or default_out(f"probe-{Path(str(run_dir)).name}" if run_dir else "probe")
     check_out(out, force, resolve.inputs(run_dir))
     study = resolve.study(run_dir, data, given, SECTIONS, statistics=False)
-    probe_cfg = probe_settings(data, given)
+    probe_cfg = probe_settings(data, given, study.config.analysis)
     with staged_run(out, force, resolve.inputs(run_dir), command="probe") as staging:
         start = time.perf_counter()
         # probe_model takes a Hugging Face model and its text too; its annotation names only

@@ -21,7 +21,15 @@ import numpy as np
 import pandas as pd
 
 from nopelab import plots
-from nopelab.config import AnalysisConfig, ModelConfig, ProbeConfig, RunConfig, Site
+from nopelab.config import (
+    ATTENTION,
+    DEFAULT_SITES,
+    AnalysisConfig,
+    ModelConfig,
+    ProbeConfig,
+    RunConfig,
+    Site,
+)
 from nopelab.experiments.scale_files import RandomInitScale, read_scales
 from nopelab.experiments.summary_template import fill, shape_values
 from nopelab.measure import theory
@@ -79,14 +87,12 @@ def settings(scale: str, seed: int, device: str) -> Settings:
         samples=s["samples"],
         batch_size=s["batch_size"],
         input="random",
-        attn_entropy=True,
+        sites=(*DEFAULT_SITES, ATTENTION),
         seed=seed,
         device=device,
     )
     p = s["probe"]
-    probe_analysis = dataclasses.replace(
-        analysis, samples=p["samples"], sites=PROBE_SITES, attn_entropy=False
-    )
+    probe_analysis = dataclasses.replace(analysis, samples=p["samples"], sites=PROBE_SITES)
     probe = ProbeConfig(probes=("mlp-reg",), features=PROBE_FEATURES, seeds=3, epochs=p["epochs"])
     return Settings(RunConfig(model, analysis), probe_analysis, probe)
 

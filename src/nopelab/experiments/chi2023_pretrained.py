@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from nopelab import plots
-from nopelab.config import AnalysisConfig, PosEncoding
+from nopelab.config import ATTENTION, DEFAULT_SITES, AnalysisConfig, PosEncoding
 from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.summary_template import fill, schedule_values, shape_values
 from nopelab.experiments.train_and_measure import (
@@ -72,7 +72,7 @@ def settings(scale: str, seed: int, device: str) -> Settings:
         samples=s["samples"],
         batch_size=min(s["samples"], 16),
         input="data",
-        attn_entropy=True,
+        sites=(*DEFAULT_SITES, ATTENTION),
         seed=seed,
         device=device,
     )
@@ -102,7 +102,7 @@ def train_and_follow(run: TrainRun, analysis: AnalysisConfig, folder: Path) -> N
     output's variance decay at init and at every checkpoint it kept (``along.json``). A job."""
     train_and_analyze(run, analysis, (), folder)
     source = make_source(run, folder)
-    only = dataclasses.replace(analysis, sites=("attn_out",), attn_entropy=False)
+    only = dataclasses.replace(analysis, sites=("attn_out",))
     rows = []
     for step, weights in [(0, None), *kept_checkpoints(folder)]:
         model = build_model(run.model, run.train.seed)  # where training started

@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 
 from nopelab import plots
-from nopelab.config import ModelConfig, PosEncoding, TrainConfig
+from nopelab.config import ATTENTION, ModelConfig, PosEncoding, TrainConfig
 from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.summary_template import fill, shape_values
 from nopelab.experiments.train_and_measure import train_into
@@ -258,7 +258,7 @@ def mechanisms(
     the most common length only (a sum may be a digit longer than another of its length)."""
     tokens = Counter(len(e.text) for e in examples).most_common(1)[0][0]
     ids = torch.tensor([encode(e.text) for e in examples if len(e.text) == tokens], device=device)
-    with StreamingCapture(model, ["attn_out"], tokens, attn_entropy=True, device=device) as cap:
+    with StreamingCapture(model, ["attn_out", ATTENTION], tokens, device) as cap:
         for batch in ids.split(256):
             model(batch)
     result = cap.result()

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from nopelab import plots
-from nopelab.config import AnalysisConfig, PosEncoding
+from nopelab.config import ATTENTION, AnalysisConfig, PosEncoding
 from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.summary_template import fill, schedule_values, shape_values
 from nopelab.experiments.train_and_measure import lm_runs, train_into
@@ -208,8 +208,7 @@ def mechanism_rows(
             samples=measures.samples,
             batch_size=max(1, min(measures.samples, BATCH_TOKENS // length)),
             input="data",
-            sites=("attn_out",),
-            attn_entropy=True,
+            sites=("attn_out", ATTENTION),
             seed=run.train.seed,
             device=run.train.device,
         )

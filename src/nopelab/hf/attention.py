@@ -97,10 +97,10 @@ def check_recordable(model: HFModel) -> None:
     """A ConfigError unless the model runs an attention implementation nopelab can read."""
     implementation = model.hf.config._attn_implementation
     if implementation in RECORDED.values():
-        raise ConfigError("attn_entropy", "this model's attention is already being recorded")
+        raise ConfigError("sites", "this model's attention is already being recorded")
     if implementation not in RECORDED:
         raise ConfigError(
-            "attn_entropy",
+            "sites",
             f"reads the logits through sdpa or eager attention; this model runs {implementation}",
         )
 

@@ -83,7 +83,7 @@ def analyze_model(
     dtype = getattr(torch, cfg.dtype)
     model = model.to(device=device, dtype=dtype).eval()
     batches = input_batches(model.cfg, cfg, source)
-    capture = StreamingCapture(model, cfg.sites, cfg.seq_len, cfg.attn_entropy, device)
+    capture = StreamingCapture(model, cfg.sites, cfg.seq_len, device)
     line = f"{description}: analysing {cfg.samples} samples at T={cfg.seq_len}"
     with capture, show_progress(line, cfg.samples, progress, label=description) as advance:
         for batch in batches:

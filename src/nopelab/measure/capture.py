@@ -2,9 +2,9 @@
 
 :class:`StreamingCapture` attaches a :class:`~nopelab.measure.stats.SiteStats` to each chosen
 site of any model with nopelab's sites (:mod:`nopelab.measure.sites`: native, Hugging Face, or
-modules named as sites), and an :class:`~nopelab.measure.attention.AttentionStats` to each layer
-of a native or Hugging Face model when asked; every forward pass inside the ``with`` block folds its batch into
-them.
+modules named as sites) and, for the site ``attention``, an
+:class:`~nopelab.measure.attention.AttentionStats` to each layer of a native or Hugging Face
+model; every forward pass inside the ``with`` block folds its batch into them.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from nopelab.config import ATTENTION
 from nopelab.errors import ConfigError, RunFailed
 from nopelab.measure.attention import AttentionResult, AttentionStats
 from nopelab.measure.sites import SiteKey, Sites, sites_of
@@ -35,7 +36,8 @@ class CaptureResult:
 
 
 class StreamingCapture:
-    """Context manager that reduces the chosen sites' activations on the fly.
+    """Context manager that reduces the chosen sites' activations on the fly; the site
+    ``attention`` reduces every layer's attention pattern per head, in chunks.
 
     >>> from nopelab.config import ModelConfig
     >>> from nopelab.models.transformer import build_model
@@ -51,14 +53,15 @@ class StreamingCapture:
         model: Transformer | HFModel | Sites,
         sites: Iterable[str],
         seq_len: int,
-        attn_entropy: bool = False,
         device: torch.device | str = "cpu",
     ):
+        sites = list(sites)
+        vectors = [site for site in sites if site != ATTENTION]
         self.model = model
         self.sites = sites_of(model)
-        self.stats = {key: SiteStats(seq_len, device) for key in self.sites.site_keys(sites)}
+        self.stats = {key: SiteStats(seq_len, device) for key in self.sites.site_keys(vectors)}
         self.attention: dict[int, AttentionStats] = {}
-        if attn_entropy:
+        if ATTENTION in sites:
             self.attention = _attention_stats(model, seq_len, device)
         self._handles: list[torch.utils.hooks.RemovableHandle | Recording] = []
 
@@ -94,12 +97,12 @@ class StreamingCapture:
                     f"the activations at {site} layer {layer} are not finite (NaN or inf): "
                     "check the weights and --init-std, or analyse in --dtype float32"
                 )
-        seen = any(stats.samples for stats in self.stats.values())
+        ran = any(stats.samples for stats in self.stats.values()) or not self.stats
         for layer, attention in self.attention.items():
-            if seen and not attention.samples:
+            if ran and not attention.samples:
                 raise RunFailed(
                     f"the attention of layer {layer} was never computed where nopelab reads it: "
-                    "this model's attention cannot be measured (run without --attn-entropy)"
+                    "this model's attention cannot be measured (drop attention from --sites)"
                 )
         return CaptureResult(
             sites={key: stats.result() for key, stats in self.stats.items()},
@@ -122,7 +125,7 @@ def _attention_stats(
         heads, causal = attention_heads(model), causal_layers(model)
     else:
         raise ConfigError(
-            "attn_entropy", "reads attention logits of native nopelab or Hugging Face models only"
+            "sites", "attention is read from native nopelab or Hugging Face models only"
         )
     return {
         layer: AttentionStats(seq_len, n_heads=heads, causal=causal[layer - 1], device=device)

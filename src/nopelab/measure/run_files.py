@@ -4,16 +4,24 @@ A run directory holds:
 
 * ``config.json`` — the resolved model and analysis configuration, plus versions;
 * ``summary.json`` — ``rows``: one object per (layer, site) with the scores and variances;
+
+with a vector site among the sites:
+
 * ``positions.parquet`` — long format: layer, site, position (1-based), variance, norm;
 * ``distance.parquet`` — layer, site, distance, mean cosine similarity at that distance;
-* ``attention.parquet`` — with ``--attn-entropy``: layer, position, entropy, uniform_entropy,
   logit_variance;
-* ``attention_heads.parquet`` — the same per head: layer, head, position, entropy, logit_variance;
 * ``cosine.npz`` — one mean cosine matrix per (site, layer), named ``{site}_{layer}``: T x T up
   to 1024 positions, block means over squares of ceil(T / 1024) positions beyond
   (``summary.json``'s ``cosine_block``);
-* ``variance.png``, ``distance.png``, ``cosine_{site}.png``, ``scores.png`` (and ``attention.png``);
-* ``summary.md`` — the headline numbers in a table.
+* ``variance.png``, ``distance.png``, ``cosine_{site}.png``, ``scores.png``;
+
+with the site ``attention``:
+
+* ``attention.parquet`` — layer, position, entropy, uniform_entropy, logit_variance (heads' mean);
+* ``attention_heads.parquet`` — the same per head: layer, head, position, entropy, logit_variance;
+* ``attention.png``;
+
+and ``summary.md`` — the headline numbers in tables.
 """
 
 from __future__ import annotations
@@ -170,7 +178,9 @@ def write_analysis(
 ) -> dict:
     """Write every file of a run directory into ``out`` (figures optional); return the summary.
 
-    ``random_init=False`` (a trained model) leaves out the random-init theory curve.
+    ``random_init=False`` (a trained model) leaves out the random-init theory curve. The
+    per-site files are written when a vector site was measured, the attention files when the
+    site ``attention`` was.
     """
     rows = summary_rows(result)
     summary = {
@@ -182,27 +192,16 @@ def write_analysis(
     }
     write_json(out / "config.json", {**cfg.to_dict(), "environment": environment()})
     write_json(out / "summary.json", summary)
-    positions = positions_table(result)
-    positions.to_parquet(out / "positions.parquet", index=False)
-    distance = distance_table(result)
-    distance.to_parquet(out / "distance.parquet", index=False)
-    cosine = {key: s.cosine.astype(np.float32) for key, s in result.sites.items()}
-    # uncompressed: deflate takes seconds for these matrices and saves about a seventh
-    matrices: dict[str, Any] = {f"{site}_{layer}": m for (site, layer), m in cosine.items()}
-    np.savez(out / "cosine.npz", **matrices)
-    frame = pd.DataFrame(rows)
-    if figures:
-        theory_curve = first_layer_theory(cfg) if random_init else None
-        plots.variance_by_position(positions, out / "variance.png", theory_curve, title)
-        plots.cosine_by_distance(distance, out / "distance.png", title)
-        for site in dict.fromkeys(site for site, _ in cosine):
-            matrices = {f"{s} L{layer}": m for (s, layer), m in cosine.items() if s == site}
-            plots.cosine_heatmaps(
-                matrices, out / f"cosine_{site}.png", title=f"{title} {site}".strip()
-            )
-        plots.scores_by_layer(frame, out / "scores.png", title)
+    if result.sites:
+        _write_sites(out, cfg, result, rows, title if figures else None, random_init)
+    attention_md = ""
     if result.attention:
         attention = attention_table(result)
+        last = attention[attention["position"] == cfg.analysis.seq_len]
+        attention_md = (
+            "\nAttention at the last position (entropy over heads' mean, uniform's over the "
+            f"keys it sees):\n\n{markdown_table(last.drop(columns='position'))}\n"
+        )
         attention.to_parquet(out / "attention.parquet", index=False)
         attention_heads_table(result).to_parquet(out / "attention_heads.parquet", index=False)
         if figures:
@@ -218,12 +217,42 @@ def write_analysis(
         "variance_last",
         "variance_ratio",
     ]
+    table = f"{markdown_table(pd.DataFrame(rows)[columns])}\n" if rows else ""
     (out / "summary.md").write_text(
         f"# nopelab analysis{': ' + title if title else ''}\n\n"
         f"{cfg.analysis.samples} samples of length {cfg.analysis.seq_len}, {seconds:.1f} s.\n\n"
-        f"{markdown_table(frame[columns])}\n"
+        + table
+        + attention_md
     )
     return summary
+
+
+def _write_sites(
+    out: Path,
+    cfg: RunConfig,
+    result: CaptureResult,
+    rows: list[dict[str, Any]],
+    title: str | None,
+    random_init: bool,
+) -> None:
+    """The per-site tables, the kept cosine matrices and (``title`` not None) their figures."""
+    positions = positions_table(result)
+    positions.to_parquet(out / "positions.parquet", index=False)
+    distance = distance_table(result)
+    distance.to_parquet(out / "distance.parquet", index=False)
+    cosine = {key: s.cosine.astype(np.float32) for key, s in result.sites.items()}
+    # uncompressed: deflate takes seconds for these matrices and saves about a seventh
+    matrices: dict[str, Any] = {f"{site}_{layer}": m for (site, layer), m in cosine.items()}
+    np.savez(out / "cosine.npz", **matrices)
+    if title is None:
+        return
+    theory_curve = first_layer_theory(cfg) if random_init else None
+    plots.variance_by_position(positions, out / "variance.png", theory_curve, title)
+    plots.cosine_by_distance(distance, out / "distance.png", title)
+    for site in dict.fromkeys(site for site, _ in cosine):
+        matrices = {f"{s} L{layer}": m for (s, layer), m in cosine.items() if s == site}
+        plots.cosine_heatmaps(matrices, out / f"cosine_{site}.png", title=f"{title} {site}".strip())
+    plots.scores_by_layer(pd.DataFrame(rows), out / "scores.png", title)
 
 
 @dataclass(frozen=True)

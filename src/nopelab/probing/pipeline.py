@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from nopelab.config import AnalysisConfig, ProbeConfig
+from nopelab.config import ATTENTION, SITES, AnalysisConfig, ProbeConfig
 from nopelab.errors import ConfigError
 from nopelab.measure.analysis import input_batches
 from nopelab.measure.sites import SiteKey
@@ -34,11 +34,22 @@ if TYPE_CHECKING:
     from nopelab.training.sources import Source
 
 
+def check_probe_sites(sites: tuple[str, ...]) -> None:
+    """A ConfigError for the site ``attention``: probes read activation vectors."""
+    if ATTENTION in sites:
+        raise ConfigError(
+            "sites",
+            "probes read activation vectors; attention is a pattern, not a vector "
+            f"(allowed: {', '.join(SITES)})",
+        )
+
+
 def probe_keys(
     model: Transformer, sites: tuple[str, ...], layers: tuple[int, ...]
 ) -> list[SiteKey]:
     """The (site, layer) pairs to probe: ``embed`` is layer 0, block sites are 1..L; an empty
     ``layers`` means all. A requested layer that none of the sites has is an error."""
+    check_probe_sites(sites)
     L = model.cfg.n_layers
     available = [
         (site, layer) for site in sites for layer in ([0] if site == "embed" else range(1, L + 1))

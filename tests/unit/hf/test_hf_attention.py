@@ -56,7 +56,7 @@ def test_entropy_equals_the_eager_attention(model_type):
     model = HFModel(tiny(model_type))
     with torch.no_grad():
         plain = model(idx)
-        with StreamingCapture(model, ["attn_out"], T, attn_entropy=True) as capture:
+        with StreamingCapture(model, ["attn_out", "attention"], T) as capture:
             recorded = model(idx)
     assert torch.equal(plain, recorded)  # the same fused attention computes the outputs
     assert model.hf.config._attn_implementation == "sdpa"  # restored
@@ -72,7 +72,7 @@ def test_entropy_equals_the_eager_attention(model_type):
 
 def test_max_layers_records_the_analysed_layers_only():
     model = HFModel(tiny("llama"), max_layers=2)
-    with torch.no_grad(), StreamingCapture(model, ["attn_out"], T, attn_entropy=True) as capture:
+    with torch.no_grad(), StreamingCapture(model, ["attn_out", "attention"], T) as capture:
         model(tokens())
     assert sorted(capture.result().attention) == [1, 2]
 
@@ -85,7 +85,7 @@ def test_an_eager_model_keeps_its_own_attention(model_type):
     model.hf.config._attn_implementation = "eager"
     with torch.no_grad():
         plain = model(idx)
-        with StreamingCapture(model, ["attn_out"], T, attn_entropy=True) as capture:
+        with StreamingCapture(model, ["attn_out", "attention"], T) as capture:
             recorded = model(idx)
     assert torch.equal(plain, recorded) and model.hf.config._attn_implementation == "eager"
     entropy = reference(model_type, idx)[1][0]
@@ -103,7 +103,7 @@ def test_an_attention_kernel_it_cannot_read_is_one_line_and_leaves_no_hook():
     model = HFModel(tiny("llama"))
     model.hf.config._attn_implementation = "flex_attention"
     with pytest.raises(ConfigError, match="reads the logits through sdpa or eager attention"):
-        StreamingCapture(model, ["attn_out"], T, attn_entropy=True)
+        StreamingCapture(model, ["attn_out", "attention"], T)
     assert model.hf.config._attn_implementation == "flex_attention" and _hooks(model) == 0
 
 
@@ -111,13 +111,13 @@ def test_a_second_recording_of_one_model_is_refused_and_leaves_no_hook():
     from nopelab.errors import ConfigError
 
     model = HFModel(tiny("llama"))
-    with StreamingCapture(model, ["attn_out"], T, attn_entropy=True):
+    with StreamingCapture(model, ["attn_out", "attention"], T):
         before = _hooks(model)
         second = StreamingCapture(model, ["resid_post"], T)  # no attention: fine
         with second:
             pass
         with pytest.raises(ConfigError, match="already being recorded"):
-            StreamingCapture(model, ["attn_out"], T, attn_entropy=True)
+            StreamingCapture(model, ["attn_out", "attention"], T)
         assert _hooks(model) == before
     assert _hooks(model) == 0 and model.hf.config._attn_implementation == "sdpa"
 
@@ -126,7 +126,7 @@ def test_a_capture_that_fails_to_start_removes_its_hooks(monkeypatch):
     import nopelab.hf.attention as recording
 
     model = HFModel(tiny("llama"))
-    capture = StreamingCapture(model, ["attn_out"], T, attn_entropy=True)
+    capture = StreamingCapture(model, ["attn_out", "attention"], T)
     monkeypatch.setattr(recording, "record_attention", lambda *a: (_ for _ in ()).throw(OSError))
     with pytest.raises(OSError):
         capture.__enter__()
@@ -138,7 +138,7 @@ def test_attention_that_never_runs_is_a_failed_run():
     from nopelab.errors import RunFailed
 
     model = HFModel(tiny("llama"))
-    with torch.no_grad(), StreamingCapture(model, ["attn_out"], T, attn_entropy=True) as capture:
+    with torch.no_grad(), StreamingCapture(model, ["attn_out", "attention"], T) as capture:
         model.hf.config._attn_implementation = "sdpa"  # as if nopelab's function were skipped
         model(tokens())
     with pytest.raises(RunFailed, match="attention of layer 1 was never computed"):
@@ -158,11 +158,14 @@ def test_cli_analyze_hf_attention_entropy_past_the_position_limit(tmp_path, mode
     """A rotary model is analysed past its max_position_embeddings (128), with entropy."""
     out = tmp_path / "run"
     args = ["analyze", f"hf:{model_dirs['llama']}", "--input", "tokens", "--seq-len", "160", "--samples", "2",
-            "--sites", "attn_out", "--attn-entropy", "--out", str(out)]  # fmt: skip
+            "--sites", "attn_out,attention", "--out", str(out)]  # fmt: skip
     assert run_cli(args, monkeypatch) == 0
     table = pd.read_parquet(out / "attention_heads.parquet")
     assert len(table) == LAYERS * HEADS * 160
-    assert json.loads((out / "config.json").read_text())["analysis"]["attn_entropy"] is True
+    assert json.loads((out / "config.json").read_text())["analysis"]["sites"] == [
+        "attn_out",
+        "attention",
+    ]
 
 
 def test_cli_a_learned_position_table_ends(tmp_path, model_dirs, monkeypatch, capsys):

@@ -87,7 +87,7 @@ def test_chunked_statistics_equal_the_whole_logits(
     inputs = [tokens(1), tokens(2)]
     with torch.no_grad():
         bare = [model(idx) for idx in inputs]
-        with StreamingCapture(model, [], T, attn_entropy=True) as capture:
+        with StreamingCapture(model, ["attention"], T) as capture:
             captured = [model(idx) for idx in inputs]
     assert all(torch.equal(a, b) for a, b in zip(bare, captured, strict=True))  # bit-identical
     result = capture.result().attention
@@ -115,7 +115,7 @@ def test_the_explicit_attention_path_stays_off(monkeypatch: pytest.MonkeyPatch) 
     """Queries and keys are hooked, not the (B, H, T, T) scores: attention stays fused."""
     monkeypatch.setattr(Attention, "_explicit", lambda *_: pytest.fail("explicit path ran"))
     model = tiny(pos_encoding="alibi")
-    with torch.no_grad(), StreamingCapture(model, ["attn_out"], T, attn_entropy=True) as capture:
+    with torch.no_grad(), StreamingCapture(model, ["attn_out", "attention"], T) as capture:
         model(tokens(1))
     assert capture.result().attention[2].samples == B
 
@@ -125,7 +125,7 @@ def test_low_precision_is_reduced_in_float32() -> None:
     results = []
     for dtype in (torch.float32, torch.bfloat16):
         model = tiny(pos_encoding="rope").to(dtype)
-        with torch.no_grad(), StreamingCapture(model, [], T, attn_entropy=True) as capture:
+        with torch.no_grad(), StreamingCapture(model, ["attention"], T) as capture:
             model(tokens(1))
         results.append(capture.result().attention[1])
     np.testing.assert_allclose(results[1].head_entropy, results[0].head_entropy, atol=0.05)
@@ -134,7 +134,7 @@ def test_low_precision_is_reduced_in_float32() -> None:
 def test_attention_entropy_and_logit_spread() -> None:
     """Tiny weights give uniform attention: entropy log m and logits of spread ~ d^2 sigma^4."""
     model_cfg = ModelConfig(d_model=64, n_heads=4, n_layers=1, max_seq_len=32, init_std=1e-4)
-    cfg = AnalysisConfig(seq_len=32, samples=4, batch_size=4, attn_entropy=True, device="cpu")
+    cfg = AnalysisConfig(seq_len=32, samples=4, batch_size=4, sites=("attention",), device="cpu")
     attention = analyze_model(build_model(model_cfg, 0), cfg, progress=False).attention[1]
     np.testing.assert_allclose(attention.uniform_entropy, np.log(np.arange(1, 33)))
     np.testing.assert_allclose(attention.entropy, attention.uniform_entropy, atol=1e-5)
@@ -146,7 +146,7 @@ def test_attention_entropy_and_logit_spread() -> None:
 
 def test_the_heads_table_averages_to_the_layer_table() -> None:
     model = tiny()
-    with torch.no_grad(), StreamingCapture(model, ["attn_out"], T, attn_entropy=True) as capture:
+    with torch.no_grad(), StreamingCapture(model, ["attn_out", "attention"], T) as capture:
         model(tokens(1))
     result = capture.result()
     heads, layers = attention_heads_table(result), attention_table(result)
