@@ -64,6 +64,9 @@ def failure_line(err: str) -> str:
 
 
 REFERENCES = Path(__file__).parent / "references"
+COUNTED = 0.02  # how far a score that counts comparisons may move with the CPU's rounding
+SPREAD = 0.01  # relative tolerance of a standard deviation over a few seeds or samples
+CORRELATION = 1e-3  # a Pearson r near 0 has no relative precision
 
 
 def _without_timing(value: Any) -> Any:
@@ -80,8 +83,13 @@ def _without_timing(value: Any) -> Any:
 
 def assert_matches_reference(run: Path, name: str) -> None:
     """``run``'s summary.json holds the numbers of ``tests/references/NAME.json`` (a smoke
-    reproduction at seed 0, stored before the code was reorganised), timings aside: equal up to
-    float rounding (another CPU's arithmetic may differ in the last digits)."""
+    reproduction at seed 0, stored so that a change of code that moves a number shows), timings
+    aside: equal up to float rounding. Another CPU's arithmetic differs in the last digits, which a trained
+    probe's error carries to the fourth digit and a spread over a few seeds further (seen
+    between an Intel and an AMD CPU). The adjacency and norm scores are fractions of pairwise
+    comparisons: a last-digit change in a similarity that ties another (left-padded prompts
+    repeat one token) flips pairs and moves a sample's score by a few hundredths, so they are
+    compared to ``COUNTED``."""
     got = _without_timing(json.loads((run / "summary.json").read_text()))
     want = json.loads((REFERENCES / f"{name}.json").read_text())
     assert (where := _first_mismatch(got, want)) is None, f"{name}: {where}"
@@ -98,7 +106,11 @@ def _first_mismatch(got: Any, want: Any, where: str = "") -> str | None:
             return f"{where}: {len(got)} items, not {len(want)}"
         items = [(f"{where}[{i}]", a, b) for i, (a, b) in enumerate(zip(got, want, strict=True))]
     elif isinstance(want, float) and isinstance(got, (int, float)) and type(got) is not bool:
-        close = got == pytest.approx(want, rel=1e-4, abs=1e-6, nan_ok=True)
+        key = where.rpartition(".")[2]
+        counted = key.startswith(("adjacency", "norm_score", "norm_signed"))
+        near = COUNTED if counted else CORRELATION if key in ("r", "r_std") else 1e-6
+        rel = SPREAD if key.endswith("_std") else 1e-3
+        close = got == pytest.approx(want, rel=rel, abs=near, nan_ok=True)
         return None if close else f"{where}: {got!r}, not {want!r}"
     else:
         return None if got == want else f"{where}: {got!r}, not {want!r}"

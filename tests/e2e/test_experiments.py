@@ -423,6 +423,7 @@ def test_haviv2022_sizes_smoke_and_its_resume(
 ) -> None:
     out = tmp_path / "sizes"
     reproduce(["haviv2022", "--part", "sizes", "--out", str(out)], monkeypatch)
+    assert_matches_reference(out, "haviv2022-sizes")
     models = pd.read_parquet(out / "models.parquet")
     assert len(models) == 2 * 5  # two sizes, five encodings, one seed
     for _, row in models.iterrows():  # the size's NoPE parameters, counted on a real model
@@ -471,6 +472,7 @@ def test_chi2023_probe_study_smoke_and_its_resume(
 ) -> None:
     out = tmp_path / "study"
     reproduce(["chi2023", "--part", "probe-study", "--out", str(out)], monkeypatch)
+    assert_matches_reference(out, "chi2023-probe-study")
     probes = pd.read_parquet(out / "probes.parquet")
     cells = probes.groupby(["input", "site", "layer", "features", "probe", "samples"]).size()
     assert len(cells) == 2 * 2 * 2 * 3 * 2 * 2 and (cells == 1).all()  # every cell, once

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from helpers import reproduce, run_cli
+from helpers import assert_matches_reference, reproduce, run_cli
 from nopelab.experiments.kazemnejad2023 import POS_ENCODINGS, SCALES, STRETCH
 
 
@@ -20,6 +20,7 @@ def test_kazemnejad2023_smoke_and_its_resume(
 ) -> None:
     out = tmp_path / "kazemnejad"
     reproduce(["kazemnejad2023", "--out", str(out)], monkeypatch)
+    assert_matches_reference(out, "kazemnejad2023-tasks")
     scale = SCALES["smoke"]
     tasks = list(scale["max_len"])
     table = pd.read_parquet(out / "accuracy.parquet")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from helpers import reproduce
+from helpers import assert_matches_reference, reproduce
 from nopelab.experiments.wang2024 import LENGTHS, MECHANISM_LENGTHS, SCALES
 
 FILES = (
@@ -28,6 +28,7 @@ FILES = (
 def test_wang2024_smoke_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "wang"
     reproduce(["wang2024", "--out", str(out)], monkeypatch)
+    assert_matches_reference(out, "wang2024-lengths")
     for name in FILES:
         assert (out / name).is_file(), name
     scale = SCALES["smoke"]
