@@ -80,3 +80,26 @@ def test_every_command_has_a_generated_reference() -> None:
         for param in command.params:
             if param.param_type_name == "option" and param.name != "help":
                 assert f"`{param.opts[0]}`" in table, (name, param.opts[0])
+
+
+def test_the_code_layout_names_every_module() -> None:
+    """docs/contributing.md's code layout names every module, but the commands' and the
+    reproduced parts' own (it names those as kinds)."""
+    from nopelab.experiments import EXPERIMENTS
+
+    text = (ROOT / "docs" / "contributing.md").read_text()
+    layout = text.split("## Code layout", 1)[1].split("\n## ", 1)[0]
+    parts = {
+        part.run.__module__ for e in EXPERIMENTS.values() for part in e.parts.values()
+    }  # one module per paper and part
+    package = ROOT / "src" / "nopelab"
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        module = ".".join(("nopelab", *path.relative_to(package).with_suffix("").parts))
+        command = path.parent.name == "cli" and "@app.command" in path.read_text()
+        if path.stem.startswith("__") or command or module in parts:
+            continue
+        names = (f"`{path.name}`", f"`{path.stem}.", f"`{path.relative_to(package)}`")
+        if not any(name in layout for name in names):
+            missing.append(str(path.relative_to(package)))
+    assert not missing, f"docs/contributing.md's code layout does not name {missing}"

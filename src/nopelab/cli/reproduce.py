@@ -38,8 +38,8 @@ def reproduce(
     scale: Annotated[
         str,
         typer.Option(
-            help="smoke | small | medium (zuo2025 trained and probes: Zuo's task lengths, "
-            "~2.5 h on 2 CPU cores; the language models of chi2023 pretrained and haviv2022: 18 M "
+            help="smoke | small | medium (zuo2025 trained and probes: Zuo's task lengths; "
+            "the language models of chi2023 pretrained and haviv2022: 18 M "
             "tokens per model, 12 M for haviv2022 sizes) | paper (full sizes, GPU advised)"
         ),
     ] = "small",

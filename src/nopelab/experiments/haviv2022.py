@@ -98,7 +98,7 @@ def settings(scale: str, seed: int, device: str) -> Settings:
         seeds=3,
         epochs=p["epochs"],
         batch_size=p["batch_size"],
-        memory_gb=16.0,  # paper scale: ~21 GB of activations; beyond this, memory-mapped
+        memory_gb=16.0,  # beyond this the kept activations are memory-mapped (paper scale)
     )
     return Settings(runs, analysis, probe, 1 if scale == "paper" else default_workers(device))
 

@@ -30,7 +30,7 @@ from nopelab.experiments.train_and_measure import lm_runs, train_into
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.runner import Job, default_workers, run_jobs
-from nopelab.tables import markdown_table
+from nopelab.tables import markdown_table, mean_std
 from nopelab.training.run import TrainRun
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "rope", "alibi")
@@ -279,7 +279,8 @@ def verdicts(gaps: pd.DataFrame) -> dict[str, Any]:
 
 
 def _cell(mean: float, std: float, seeds: int, digits: int = 3) -> str:
-    return f"{mean:.{digits}f}" if seeds < 2 else f"{mean:.{digits}f} ± {std:.{digits}f}"
+    fixed = f".{digits}f"
+    return f"{mean:{fixed}}" if seeds < 2 else mean_std([mean], [std], digits=(fixed, fixed))[0]
 
 
 def summary_text(

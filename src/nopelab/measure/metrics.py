@@ -39,8 +39,8 @@ BLOCK_ELEMENTS = 2**22  # similarities per sample in one row block (16 MB of flo
 def position_variance(h: Tensor) -> Tensor:
     """(B, T, d) -> (B, T): variance across hidden dimensions at each position.
 
-    Two passes (centre, then a vector norm): as stable as ``Tensor.var`` and, on the CPU, several
-    times faster than it.
+    Two passes (centre, then a vector norm): as stable as ``Tensor.var`` and, on the CPU, faster
+    than it (``benchmarks/bench_stats.py``).
     """
     centred = h - h.mean(dim=-1, keepdim=True)
     return torch.linalg.vector_norm(centred, dim=-1).square() / h.shape[-1]

@@ -2,7 +2,7 @@
 longest line and how many distinct prompts a length has.
 
 Adding a task is one class here, registered with :func:`task`, and its name in :data:`Task`
-(the choices the command line shows); ``tests/training/test_tasks.py`` then checks it against
+(the choices the command line shows); ``tests/unit/training/test_tasks.py`` then checks it against
 an independent solver once its prompt pattern is added there.
 """
 
