@@ -59,10 +59,10 @@ def one_length(T: int, layers: int, d_model: int, heads: int) -> dict[str, float
     model = build_model(cfg, seed=0)
     x = torch.randn(1, T, d_model, generator=torch.Generator().manual_seed(1))
     model(inputs_embeds=x[:, :64])  # warm-up, and numba's compilation of the pair counting
-    with StreamingCapture(model, SITES, 64, False, "cpu"):
+    with StreamingCapture(model, SITES, 64, "cpu"):
         model(inputs_embeds=x[:, :64])
     forward = _seconds(lambda: model(inputs_embeds=x))
-    capture = StreamingCapture(model, SITES, T, False, "cpu")
+    capture = StreamingCapture(model, SITES, T, "cpu")
     with capture:
         statistics = _seconds(lambda: model(inputs_embeds=x))
     capture.result()
