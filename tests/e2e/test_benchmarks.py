@@ -1,0 +1,19 @@
+"""The benchmarks still run against the current API (they are not part of the test command's
+timings; this only runs the smallest piece of each that has one)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_bench_long_measures_one_length() -> None:
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_long.py"), "--one", "128"]
+    command += ["--layers", "1", "--d-model", "16", "--heads", "2"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300)
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    assert row["forward_s"] > 0 and row["statistics_s"] > 0 and row["peak_mb"] > 0
