@@ -9,7 +9,6 @@ with a vector site among the sites:
 
 * ``positions.parquet`` — long format: layer, site, position (1-based), variance, norm;
 * ``distance.parquet`` — layer, site, distance, mean cosine similarity at that distance;
-  logit_variance;
 * ``cosine.npz`` — one mean cosine matrix per (site, layer), named ``{site}_{layer}``: T x T up
   to 1024 positions, block means over squares of ceil(T / 1024) positions beyond
   (``summary.json``'s ``cosine_block``);
