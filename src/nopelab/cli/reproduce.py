@@ -12,75 +12,85 @@ import typer
 from nopelab.cli import resolve
 from nopelab.cli.app import app
 from nopelab.errors import UserError
+from nopelab.experiments import EXPERIMENTS, Part, named, parts, resumable, taking, with_reuse
+
+SCALES = ("smoke", "small", "medium", "paper")  # in --help's order
+
+
+def _help() -> dict[str, str]:
+    """The help of ``paper``, ``--part``, ``--scale`` and ``--resume``, from the registry."""
+
+    def about(name: str, part: Part) -> str:
+        return f"{name} ({part.about})" if part.about else name
+
+    by_paper = (
+        f"{paper}: " + " | ".join(about(n, p) for n, p in e.parts.items())
+        for paper, e in EXPERIMENTS.items()
+    )
+    scales = {s for _, _, part in parts() for s in part.scales}
+    at = {s: _compact([p for p in parts() if s in p[2].scales]) for s in ("medium", "paper")}
+    fixed = " and ".join(named([p for p in parts() if not p[2].resumable]))
+    return {
+        "paper": " | ".join(EXPERIMENTS),
+        "part": "; ".join(by_paper),
+        "scale": " | ".join(s for s in SCALES if s in scales)
+        + f". medium (longer training, the papers' task lengths): {at['medium']}. paper (the "
+        f"papers' sizes, GPU advised): {at['paper']}",
+        "resume": f"Continue an interrupted run in --out (all parts but {fixed}): finished "
+        "models are kept, an interrupted one continues from its checkpoint",
+    }
+
+
+def _compact(found: list[tuple[str, str, Part]]) -> str:
+    """Parts grouped by paper: ``chi2023 pretrained, zuo2025 trained/probes, wang2024``."""
+    by_paper: dict[str, list[str]] = {}
+    for paper, name, _ in found:
+        by_paper.setdefault(paper, []).append(name)
+    return ", ".join(
+        paper if len(EXPERIMENTS[paper].parts) == 1 else f"{paper} {'/'.join(names)}"
+        for paper, names in by_paper.items()
+    )
+
+
+HELP = _help()
 
 
 @app.command()
 def reproduce(
-    paper: Annotated[
-        str,
-        typer.Argument(
-            help="chi2023 | zuo2025 | haviv2022 | kazemnejad2023 | wang2024 | real-model"
-        ),
-    ],
-    part: Annotated[
-        str | None,
-        typer.Option(
-            help="chi2023: random-init | pretrained | probe-study (probes of the random model "
-            "over inputs, sites, probes and training sequences); zuo2025: random-init | trained | probes | "
-            "mastery (the trained part's models at three seeds, steps to mastery); "
-            "haviv2022: pretrained | sizes (five encodings at three sizes, the gap to NoPE); "
-            "kazemnejad2023: tasks (five encodings on tasks, accuracy at every length to 3x "
-            "the trained ones); "
-            "wang2024: lengths (NoPE and RoPE past the training length, the logit-scale fixes); "
-            "real-model: smollm2"
-        ),
-    ] = None,
-    scale: Annotated[
-        str,
-        typer.Option(
-            help="smoke | small | medium (zuo2025 trained and probes: Zuo's task lengths; "
-            "the language models of chi2023 pretrained and haviv2022: 18 M "
-            "tokens per model, 12 M for haviv2022 sizes) | paper (full sizes, GPU advised)"
-        ),
-    ] = "small",
+    paper: Annotated[str, typer.Argument(help=HELP["paper"])],
+    part: Annotated[str | None, typer.Option(help=HELP["part"])] = None,
+    scale: Annotated[str, typer.Option(help=HELP["scale"])] = "small",
     seed: Annotated[int, typer.Option(help="Seed for weights and inputs")] = 0,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda[:N]")] = "auto",
     out: Annotated[
         Path | None, typer.Option(help="Run directory \\[runs/PAPER-SCALE-TIMESTAMP]")
     ] = None,
     force: Annotated[bool, typer.Option(help="Replace a non-empty --out")] = False,
-    resume: Annotated[
-        bool,
-        typer.Option(
-            help="Continue an interrupted run in --out (the parts with several models: all but "
-            "chi2023 random-init and real-model): finished models are kept, an interrupted one "
-            "continues from its checkpoint"
-        ),
-    ] = False,
+    resume: Annotated[bool, typer.Option(help=HELP["resume"])] = False,
     models: Annotated[
         Path | None,
         typer.Option(
-            help="zuo2025 probes: take the NoPE models from this finished `--part trained` run "
-            "(same --scale, --seed, --device) instead of training them again"
+            help=f"{', '.join(with_reuse())}: take the NoPE models from this finished "
+            "`--part trained` run (same --scale, --seed, --device) instead of training them again"
         ),
     ] = None,
     samples: Annotated[
         str | None,
         typer.Option(
-            help="chi2023 probe-study: counts of training sequences to compare, increasing, "
-            "e.g. 32,256,1024 \\[the scale's]"
+            help=f"{', '.join(taking('samples'))}: counts of training sequences to compare, "
+            "increasing, e.g. 32,256,1024 \\[the scale's]"
         ),
     ] = None,
     sizes: Annotated[
         str | None,
         typer.Option(
-            help="haviv2022 sizes: model sizes D_MODELxLAYERS or D_MODELxLAYERSxHEADS (2 heads "
-            "unless given), smallest first, e.g. 24x2,48x2,80x3x4 \\[the scale's]"
+            help=f"{', '.join(taking('sizes'))}: model sizes D_MODELxLAYERS or "
+            "D_MODELxLAYERSxHEADS (2 heads unless given), smallest first, e.g. "
+            "24x2,48x2,80x3x4 \\[the scale's]"
         ),
     ] = None,
 ) -> None:
     """Reproduce a paper's results at a chosen scale, with figures and a markdown summary."""
-    from nopelab.experiments import EXPERIMENTS, taking, with_reuse
     from nopelab.runtime.rundir import check_resume, default_out, resumable_run, staged_run
 
     if paper not in EXPERIMENTS:
@@ -95,13 +105,9 @@ def reproduce(
     if scale not in runner.scales:
         raise UserError(f"--scale: unknown {scale!r}; allowed: {', '.join(runner.scales)}")
     if resume and not runner.resumable:
-        resumable = [
-            f"{name} --part {p}" for name, e in EXPERIMENTS.items() for p, r in e.parts.items()
-            if r.resumable
-        ]  # fmt: skip
         raise UserError(
             f"--resume: {paper} --part {part} cannot be resumed; allowed for "
-            + ", ".join(resumable)
+            + ", ".join(resumable())
         )
     check_resume(resume, force, out)
     out = out or default_out(f"{paper}-{part}-{scale}")

@@ -1,44 +1,68 @@
-"""One module per reproduced paper; each part validates its settings, then runs into a folder."""
+"""The reproduced papers, their parts and the scales each part has: one registry, read without
+importing PyTorch (``nopelab reproduce --help`` is generated from it).
+
+Each part is a module of this package with ``settings(scale, seed, device, **options)``, which
+validates and resolves, and ``run(settings, out)``, which writes; its scales are the tables of
+``scales/SCALE_FILE.toml``. Adding a part is one module, one scale file and one entry here.
+"""
 
 from __future__ import annotations
 
+import importlib
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
+from types import ModuleType
 from typing import Any
-
-from nopelab.experiments import (
-    chi2023,
-    chi2023_pretrained,
-    chi2023_probe_study,
-    haviv2022,
-    haviv2022_sizes,
-    kazemnejad2023,
-    real_model,
-    wang2024,
-    zuo2025,
-    zuo2025_mastery,
-    zuo2025_probes,
-    zuo2025_trained,
-)
 
 
 @dataclass(frozen=True)
 class Part:
-    """``settings(scale, seed, device)`` validates and resolves; ``run(settings, out)`` writes.
+    """One part of a reproduction.
 
-    A resumable part runs its models as jobs (:func:`~nopelab.sweep.runner.run_jobs`) and writes
-    into ``--out`` as it goes; ``--resume`` continues it, skipping finished models.
-    ``reuse_models(settings, folder)``, where given, takes models from another finished run
-    (``--models``) instead of training them. ``options`` names the ``reproduce`` flags the part
-    takes beyond the common ones; ``settings`` receives each one given as a keyword."""
+    ``module``: the module under ``nopelab.experiments`` that runs it; ``about``: a few words
+    for ``--help``; ``scale_file``: the stem of its scale file (``module`` unless given);
+    ``only_scales``: a subset of that file's tables, where the part runs at fewer scales.
+    A ``resumable`` part runs its models as jobs (:func:`~nopelab.sweep.runner.run_jobs`) and
+    writes into ``--out`` as it goes; ``--resume`` continues it, skipping finished models.
+    ``options`` names the ``reproduce`` flags the part takes beyond the common ones (``settings``
+    receives each one given as a keyword); ``reuses_models``: the module's
+    ``reuse_models(settings, folder)`` takes models from another finished run (``--models``)."""
 
-    settings: Callable[[str, int, str], Any]
-    run: Callable[[Any, Path], None]
+    module: str
+    about: str = ""
     resumable: bool = False
-    scales: tuple[str, ...] = ("smoke", "small", "paper")
-    reuse_models: Callable[[Any, Path], Any] | None = None
+    scale_file: str = ""
+    only_scales: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
+    reuses_models: bool = False
+
+    @property
+    def scales(self) -> tuple[str, ...]:
+        """The scales this part runs at, in its scale file's order."""
+        file = f"{self.scale_file or self.module}.toml"
+        text = resources.files(__name__).joinpath("scales", file).read_text()
+        return tuple(
+            s for s in tomllib.loads(text) if not self.only_scales or s in self.only_scales
+        )
+
+    def code(self) -> ModuleType:
+        """The part's module (imports PyTorch)."""
+        return importlib.import_module(f"{__name__}.{self.module}")
+
+    @property
+    def settings(self) -> Callable[..., Any]:
+        return self.code().settings  # type: ignore[no-any-return]
+
+    @property
+    def run(self) -> Callable[[Any, Path], None]:
+        return self.code().run  # type: ignore[no-any-return]
+
+    @property
+    def reuse_models(self) -> Callable[[Any, Path], Any] | None:
+        return self.code().reuse_models if self.reuses_models else None
 
 
 @dataclass(frozen=True)
@@ -47,21 +71,14 @@ class Experiment:
     default_part: str
 
 
-WITH_MEDIUM = ("smoke", "small", "medium", "paper")
-TO_TARGET = ("smoke", "small")  # scales whose task models train to a target accuracy
 EXPERIMENTS = {
     "chi2023": Experiment(
         {
-            "random-init": Part(chi2023.settings, chi2023.run),
-            "pretrained": Part(
-                chi2023_pretrained.settings,
-                chi2023_pretrained.run,
-                resumable=True,
-                scales=WITH_MEDIUM,
-            ),
+            "random-init": Part("chi2023"),
+            "pretrained": Part("chi2023_pretrained", resumable=True),
             "probe-study": Part(
-                chi2023_probe_study.settings,
-                chi2023_probe_study.run,
+                "chi2023_probe_study",
+                "probes of the random model over inputs, sites, probes and training sequences",
                 resumable=True,
                 options=("samples",),
             ),
@@ -70,36 +87,26 @@ EXPERIMENTS = {
     ),
     "zuo2025": Experiment(
         {
-            "random-init": Part(zuo2025.settings, zuo2025.run, resumable=True),
-            "trained": Part(
-                zuo2025_trained.settings, zuo2025_trained.run, resumable=True, scales=WITH_MEDIUM
-            ),
-            "probes": Part(
-                zuo2025_probes.settings,
-                zuo2025_probes.run,
-                resumable=True,
-                scales=WITH_MEDIUM,
-                reuse_models=zuo2025_probes.reuse_models,
-            ),
+            "random-init": Part("zuo2025", resumable=True),
+            "trained": Part("zuo2025_trained", resumable=True),
+            "probes": Part("zuo2025_probes", resumable=True, reuses_models=True),
             "mastery": Part(
-                zuo2025_mastery.settings,
-                zuo2025_mastery.run,
+                "zuo2025_mastery",
+                "the trained part's models at three seeds, steps to mastery",
                 resumable=True,
-                scales=TO_TARGET,
+                scale_file="zuo2025_trained",
+                only_scales=("smoke", "small"),  # the scales whose models train to a target
             ),
         },
         "random-init",
     ),
     "haviv2022": Experiment(
         {
-            "pretrained": Part(
-                haviv2022.settings, haviv2022.run, resumable=True, scales=WITH_MEDIUM
-            ),
+            "pretrained": Part("haviv2022", resumable=True),
             "sizes": Part(
-                haviv2022_sizes.settings,
-                haviv2022_sizes.run,
+                "haviv2022_sizes",
+                "five encodings at three sizes, the gap to NoPE",
                 resumable=True,
-                scales=("smoke", "small", "medium"),
                 options=("sizes",),
             ),
         },
@@ -108,10 +115,9 @@ EXPERIMENTS = {
     "kazemnejad2023": Experiment(
         {
             "tasks": Part(
-                kazemnejad2023.settings,
-                kazemnejad2023.run,
+                "kazemnejad2023",
+                "five encodings on tasks, accuracy at every length to 3x the trained ones",
                 resumable=True,
-                scales=("smoke", "small", "medium"),
             )
         },
         "tasks",
@@ -119,36 +125,39 @@ EXPERIMENTS = {
     "wang2024": Experiment(
         {
             "lengths": Part(
-                wang2024.settings,
-                wang2024.run,
+                "wang2024",
+                "NoPE and RoPE past the training length, the logit-scale fixes",
                 resumable=True,
-                scales=("smoke", "small", "medium"),
             )
         },
         "lengths",
     ),
-    "real-model": Experiment(
-        {"smollm2": Part(real_model.settings, real_model.run)},
-        "smollm2",
-    ),
+    "real-model": Experiment({"smollm2": Part("real_model")}, "smollm2"),
 }
 
 
-def taking(option: str) -> list[str]:
-    """The parts that take the ``reproduce`` flag ``--OPTION``, as ``PAPER --part PART``."""
+def parts() -> list[tuple[str, str, Part]]:
+    """Every part as ``(paper, part name, part)``."""
     return [
-        f"{paper} --part {name}"
-        for paper, e in EXPERIMENTS.items()
-        for name, part in e.parts.items()
-        if option in part.options
+        (paper, name, part) for paper, e in EXPERIMENTS.items() for name, part in e.parts.items()
     ]
+
+
+def named(found: list[tuple[str, str, Part]]) -> list[str]:
+    """Parts as a user types them: ``PAPER --part PART``."""
+    return [f"{paper} --part {name}" for paper, name, _ in found]
+
+
+def taking(option: str) -> list[str]:
+    """The parts that take the ``reproduce`` flag ``--OPTION``."""
+    return named([p for p in parts() if option in p[2].options])
 
 
 def with_reuse() -> list[str]:
-    """The parts that take ``--models``, as ``PAPER --part PART``."""
-    return [
-        f"{paper} --part {name}"
-        for paper, e in EXPERIMENTS.items()
-        for name, part in e.parts.items()
-        if part.reuse_models is not None
-    ]
+    """The parts that take ``--models``."""
+    return named([p for p in parts() if p[2].reuses_models])
+
+
+def resumable() -> list[str]:
+    """The parts that ``--resume`` continues."""
+    return named([p for p in parts() if p[2].resumable])

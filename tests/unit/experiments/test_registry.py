@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
+import tomllib
+from importlib import resources
 
-from nopelab.cli.reproduce import reproduce
-from nopelab.experiments import EXPERIMENTS, with_reuse
+import pytest
+
+from nopelab.cli.reproduce import SCALES, reproduce
+from nopelab.experiments import EXPERIMENTS, parts, resumable, taking, with_reuse
 
 
 def _help(name: str) -> str:
@@ -14,15 +20,42 @@ def _help(name: str) -> str:
 
 
 def test_the_help_names_every_paper_part_and_scale() -> None:
-    # the help is written out (importing every experiment would slow every command's start-up)
-    papers, parts, scales = _help("paper"), _help("part"), _help("scale")
+    papers, part_help, scales = _help("paper"), _help("part"), _help("scale")
     for paper, experiment in EXPERIMENTS.items():
         assert paper in papers
         for name, part in experiment.parts.items():
-            assert f"{paper}: " in parts and name in parts.split(f"{paper}: ")[1], (paper, name)
+            assert f"{paper}: " in part_help and name in part_help.split(f"{paper}: ")[1]
             assert all(scale in scales for scale in part.scales)
+    for paper, name, part in parts():  # --resume's help names the parts that do not resume
+        assert (f"{paper} --part {name}" in _help("resume")) != part.resumable
 
 
-def test_models_is_offered_where_a_part_can_reuse_models() -> None:
+@pytest.mark.parametrize("paper, name, part", parts(), ids=lambda p: getattr(p, "module", p))
+def test_a_part_has_the_scales_of_its_file_and_the_functions_it_names(
+    paper: str, name: str, part: object
+) -> None:
+    from nopelab.experiments import Part
+
+    assert isinstance(part, Part)
+    file = f"{part.scale_file or part.module}.toml"
+    tables = tomllib.loads(
+        resources.files("nopelab.experiments").joinpath("scales", file).read_text()
+    )
+    assert part.scales and set(part.scales) <= set(tables) and set(part.scales) <= set(SCALES)
+    assert callable(part.settings) and callable(part.run)
+    assert (part.reuse_models is not None) == part.reuses_models
+    assert set(part.options) <= set(inspect.signature(part.settings).parameters)
+
+
+def test_the_flags_name_the_parts_that_take_them() -> None:
     assert with_reuse() == ["zuo2025 --part probes"]
-    assert "zuo2025 probes" in _help("models")
+    assert taking("samples") == ["chi2023 --part probe-study"]
+    assert taking("sizes") == ["haviv2022 --part sizes"]
+    assert "chi2023 --part pretrained" in resumable()
+    assert "real-model --part smollm2" not in resumable()
+    assert "zuo2025 --part probes" in _help("models")
+
+
+def test_the_registry_and_the_help_import_no_torch() -> None:
+    code = "import sys, nopelab.cli.reproduce; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
