@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -13,11 +13,6 @@ from nopelab.cli.app import Force, Out, app
 from nopelab.cli.options import Given, Group, with_options
 from nopelab.config import MAX_SEED, AnalysisConfig
 from nopelab.errors import UserError
-
-if TYPE_CHECKING:
-    from nopelab.training.headscale import HeadScaleTraining
-    from nopelab.training.run import TrainRun
-    from nopelab.training.sources import TextSource
 
 HEAD_SCALES, UNIFORM = "Head scales", "Uniform scale"
 
@@ -86,7 +81,12 @@ def headscale(
     factor; writes a training run that evaluate, analyze and probe read."""
     from nopelab.runtime.device import resolve_device
     from nopelab.runtime.rundir import check_out, default_out, staged_run
-    from nopelab.training.headscale import head_scale_run, uniform_run
+    from nopelab.training.headscale import (
+        head_scale_run,
+        head_scale_settings,
+        text_run,
+        uniform_run,
+    )
     from nopelab.training.sources import TextSource
     from nopelab.training.train import load_trained, make_source
 
@@ -95,10 +95,10 @@ def headscale(
     device = resolve_device(AnalysisConfig(**given.section("analysis")).device)
     out = out or default_out(f"headscale-{run_dir.name}")
     check_out(out, force, [run_dir])
-    run = _text_run(run_dir)
+    run = text_run(run_dir)
     source = make_source(run, run_dir)
-    assert isinstance(source, TextSource)  # _text_run: a run without a task has a corpus
-    settings = None if uniform is not None else _settings(run, source, *training)
+    assert isinstance(source, TextSource)  # text_run: a run without a task has a corpus
+    settings = None if uniform is not None else head_scale_settings(run, source, *training)
     _, model = load_trained(run_dir)
     with staged_run(out, force, [run_dir], command="headscale") as staging:
         if settings is None:
@@ -140,48 +140,3 @@ def _check_number(flag: str, value: float | None, least: float, above: bool = Fa
     if not math.isfinite(value) or value < least or (above and value == least):
         bound = f"> {least:g}" if above else f">= {least:g}"
         raise UserError(f"{flag}: must be a finite number {bound}, got {value:g}")
-
-
-def _text_run(run_dir: Path) -> TrainRun:
-    """The settings of a run of a language model trained on text, without per-head scales."""
-    from nopelab.training.run import read_run
-
-    run = read_run(run_dir)
-    if run.task is not None:
-        raise UserError(
-            f"run: headscale needs a language model trained on text; {run_dir} was trained on "
-            f"the task {run.task.name}"
-        )
-    if run.model.head_scales:
-        raise UserError(
-            f"run: {run_dir} has per-head scales already; rescale the run it was made from"
-        )
-    return run
-
-
-def _settings(
-    run: TrainRun,
-    source: TextSource,
-    length: float | None,
-    steps: int | None,
-    lr: float | None,
-    init_scale: float | None,
-    batch_size: int | None,
-    seed: int | None,
-) -> HeadScaleTraining:
-    """The head-scale training settings, defaults filled in, checked against the run."""
-    from nopelab.limits import check_head_scales
-    from nopelab.training.headscale import HeadScaleTraining, check_length, fitted_scale
-
-    assert length is not None  # _check_flags: --length or --uniform
-    settings = HeadScaleTraining(
-        length_factor=length,
-        length=check_length(run, source, length),
-        steps=200 if steps is None else steps,
-        lr=0.05 if lr is None else lr,
-        init_scale=fitted_scale(length) if init_scale is None else init_scale,
-        batch_size=4 if batch_size is None else batch_size,
-        seed=0 if seed is None else seed,
-    )
-    check_head_scales(run.model, settings.batch_size, settings.length)
-    return settings

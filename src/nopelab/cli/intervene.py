@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,7 +10,7 @@ import typer
 from nopelab.cli import resolve
 from nopelab.cli.app import ANALYSIS, OUTPUT, PROBE, Force, Out, app
 from nopelab.cli.options import Given, Group, with_options
-from nopelab.config import AnalysisConfig, InterventionConfig, ProbeConfig, check_sections
+from nopelab.config import AnalysisConfig, InterventionConfig, ProbeConfig
 
 INTERVENTION = "Intervention"
 
@@ -46,29 +45,21 @@ def intervene(
 ) -> None:
     """Edit one site of a trained model (norm equalisation, LEACE position erasure, and their
     controls) and measure what its behaviour and the downstream probes lose, per layer."""
-    from nopelab.config import build, read_config_file
-    from nopelab.probing.interventions import run_interventions, write_interventions
+    from nopelab.config import read_config_file
+    from nopelab.probing.interventions import (
+        intervention_settings,
+        run_interventions,
+        write_interventions,
+    )
     from nopelab.runtime.rundir import default_out, staged_run
-    from nopelab.training.run import read_run
 
     data: dict[str, Any] = read_config_file(config) if config else {}
-    check_sections(data, ("intervention", "analysis", "probe"))
-    run = read_run(run_dir)
     for section in ("intervention", "analysis", "probe"):
         given.lay_over(data, section)
-    data["analysis"].setdefault("seq_len", run.train.seq_len)
-    data["analysis"].setdefault("input", "data")
-    cfg = build(InterventionConfig, data["intervention"], "config.intervention")
-    analysis = build(AnalysisConfig, data["analysis"], "config.analysis")
-    probe_cfg = build(ProbeConfig, data["probe"], "config.probe")
+    settings = intervention_settings(run_dir, data)
     out = out or default_out(f"intervene-{run_dir.name}")
     with staged_run(out, force, resolve.inputs(run_dir), command="intervene") as staging:
-        rows = run_interventions(run_dir, cfg, probe_cfg, analysis)
-        config_dict = {
-            "run": str(run_dir),
-            "intervention": dataclasses.asdict(cfg),
-            "analysis": dataclasses.asdict(analysis),
-            "probe": dataclasses.asdict(probe_cfg),
-        }
+        rows = run_interventions(run_dir, settings.intervention, settings.probe, settings.analysis)
+        config_dict = settings.to_dict(run_dir)
         write_interventions(staging, rows, config_dict, title=f"trained model {run_dir}")
     typer.echo(f"wrote {out}; see {out / 'summary.md'}")

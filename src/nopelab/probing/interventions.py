@@ -55,6 +55,8 @@ from nopelab.config import (
     InterventionConfig,
     ModelConfig,
     ProbeConfig,
+    build,
+    check_sections,
 )
 from nopelab.errors import ConfigError
 from nopelab.limits import check_interventions
@@ -68,6 +70,7 @@ from nopelab.runtime.progress import progress as show_progress
 from nopelab.runtime.progress import stage
 from nopelab.runtime.rundir import environment, write_json
 from nopelab.tables import markdown_table
+from nopelab.training.run import read_run
 from nopelab.training.sources import Source, TaskSource, TextSource
 from nopelab.training.train import load_trained, make_source
 
@@ -202,6 +205,31 @@ def applied(
 
 
 # ------------------------------------------------------------------------ a trained run
+
+
+@dataclass(frozen=True)
+class InterventionSettings:
+    """What ``nopelab intervene`` runs: the edit, the held-out sequences, the probes."""
+
+    intervention: InterventionConfig
+    analysis: AnalysisConfig
+    probe: ProbeConfig
+
+    def to_dict(self, run_dir: Path) -> dict[str, Any]:
+        return {"run": str(run_dir), **{k: dataclasses.asdict(v) for k, v in vars(self).items()}}
+
+
+def intervention_settings(run_dir: Path, data: dict[str, Any]) -> InterventionSettings:
+    """The [intervention], [analysis] and [probe] tables of ``data`` (a config file's, with the
+    flags laid over them), validated; the probes read the run's own data at its training
+    length unless told otherwise."""
+    check_sections(data, ("intervention", "analysis", "probe"))
+    analysis = {"seq_len": read_run(run_dir).train.seq_len, "input": "data"}
+    return InterventionSettings(
+        build(InterventionConfig, data.get("intervention", {}), "config.intervention"),
+        build(AnalysisConfig, {**analysis, **data.get("analysis", {})}, "config.analysis"),
+        build(ProbeConfig, data.get("probe", {}), "config.probe"),
+    )
 
 
 def run_interventions(

@@ -28,11 +28,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from nopelab.errors import RunFailed, UserError
+from nopelab.limits import check_head_scales
 from nopelab.models.transformer import Block, Transformer
 from nopelab.runtime.progress import stage
 from nopelab.runtime.rundir import environment, write_json
 from nopelab.training.checkpoint import OPTIMIZER_FILE, load_optimizer, read_state, save_checkpoint
-from nopelab.training.run import CONFIG_FILE, TrainRun
+from nopelab.training.run import CONFIG_FILE, TrainRun, read_run
 from nopelab.training.sources import IGNORE, Autocast, TextSource
 from nopelab.training.train import autocast_for, make_optimizer, step_seed
 
@@ -159,6 +160,46 @@ def check_length(run: TrainRun, source: TextSource, factor: float) -> int:
             f"{len(source.stream.train)}, too few for one window and its next token"
         )
     return tokens
+
+
+def text_run(run_dir: Path) -> TrainRun:
+    """The settings of a run of a language model trained on text, without per-head scales."""
+    run = read_run(run_dir)
+    if run.task is not None:
+        raise UserError(
+            f"run: headscale needs a language model trained on text; {run_dir} was trained on "
+            f"the task {run.task.name}"
+        )
+    if run.model.head_scales:
+        raise UserError(
+            f"run: {run_dir} has per-head scales already; rescale the run it was made from"
+        )
+    return run
+
+
+def head_scale_settings(
+    run: TrainRun,
+    source: TextSource,
+    length: float | None,
+    steps: int | None,
+    lr: float | None,
+    init_scale: float | None,
+    batch_size: int | None,
+    seed: int | None,
+) -> HeadScaleTraining:
+    """The head-scale training settings, defaults filled in, checked against the run."""
+    assert length is not None  # the command asks for --length or --uniform
+    settings = HeadScaleTraining(
+        length_factor=length,
+        length=check_length(run, source, length),
+        steps=200 if steps is None else steps,
+        lr=0.05 if lr is None else lr,
+        init_scale=fitted_scale(length) if init_scale is None else init_scale,
+        batch_size=4 if batch_size is None else batch_size,
+        seed=0 if seed is None else seed,
+    )
+    check_head_scales(run.model, settings.batch_size, settings.length)
+    return settings
 
 
 def head_scale_run(
