@@ -71,13 +71,6 @@ def test_kazemnejad2023_smoke_and_its_resume(
     pd.testing.assert_frame_equal(pd.read_parquet(out / "accuracy.parquet"), table)
     pd.testing.assert_frame_equal(pd.read_parquet(out / "mechanisms.parquet"), measured)
 
-    # a model finished without its mechanisms (an older run folder): --resume measures them
-    (out / "runs" / gone / "mechanisms.json").unlink()
-    for name in ("accuracy.parquet", "summary.json", "summary.md"):
-        (out / name).unlink()
-    reproduce(["kazemnejad2023", "--out", str(out), "--resume"], monkeypatch)
-    pd.testing.assert_frame_equal(pd.read_parquet(out / "mechanisms.parquet"), measured)
-
 
 def test_an_unknown_scale_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

@@ -150,6 +150,7 @@ BAD_INPUT = {
         ("chi2023 --seed x", "--seed: input should be a valid integer"),
         ("chi2023 --resume", "--resume:"),
         ("zuo2025 --part trained --models RUN", "--models: only for zuo2025 --part probes"),
+        ("zuo2025 --part probes --scale smoke --models RUN", "holds no finished model; give the"),
         ("chi2023 --out " + "a" * 300, "--out: the name aaaaaaaaaaaaaaaa… is 300 bytes long"),
     ],
     "sweep": [

@@ -225,16 +225,6 @@ def instances_by_length(
     }
 
 
-def measure_mechanisms(run: TrainRun, longest: int, per_length: int, folder: Path) -> None:
-    """:func:`write_mechanisms` of the trained model in ``folder`` (a model that finished before
-    its mechanisms were measured), on the instances its exact match was tested on."""
-    from nopelab.training.train import load_trained
-
-    device = resolve_device(run.train.device)
-    _, model = load_trained(folder, device)
-    write_mechanisms(model, instances_by_length(run, longest, per_length), device, folder)
-
-
 def write_mechanisms(
     model: Transformer,
     instances: dict[int, tuple[list[Example], int]],
@@ -288,10 +278,6 @@ def run(settings: Settings, out: Path) -> None:
         for m in settings.models
     ]
     run_jobs(jobs, out / "runs", "kazemnejad2023 task models", settings.workers, what="models")
-    for m in settings.models:  # finished before the mechanisms were measured: measure them
-        folder = out / "runs" / m.key
-        if not (folder / "mechanisms.json").is_file():
-            measure_mechanisms(m.run, STRETCH * m.max_len, settings.per_length, folder)
     rows, trainings, measured = [], [], []
     keys = ["task", "pos_encoding", "seed"]
     for m in settings.models:

@@ -36,7 +36,7 @@ from nopelab.probing import signals
 from nopelab.probing.pipeline import probe_model, vocab_halves
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.runner import Job, run_jobs
+from nopelab.sweep.runner import Job, is_done, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training import tasks
 from nopelab.training.run import TrainRun, read_run
@@ -74,7 +74,7 @@ def reuse_models(settings: Settings, models: Path) -> Settings:
     with exactly the settings this part would use (same scale, seed and device)."""
     for task, run in settings.runs.items():
         folder = models / "runs" / f"{task}-none"
-        if not (folder / "summary.json").is_file():
+        if not is_done(models / "runs", folder.name):
             raise UserError(
                 f"--models: {folder} holds no finished model; give the folder of a finished "
                 "`nopelab reproduce zuo2025 --part trained` run"
