@@ -1,7 +1,8 @@
 """Cost of the streaming statistics, and of the exact adjacency score against brute force.
 
 Run: ``.venv/bin/python benchmarks/bench_stats.py`` (add ``--quick`` to skip T = 2048 and the
-T = 4096 brute force; ``--end-to-end`` for part 2 alone). Like the ``nopelab`` command, it runs
+T = 4096 brute force; ``--end-to-end`` for part 2 alone, ``--seq-len``, ``--samples`` and
+``--batch-size`` for another length than T = 512, 32 samples, batch 4). Like the ``nopelab`` command, it runs
 with ``OMP_WAIT_POLICY=passive`` unless the variable is set (it starts again with it). Everything
 is measured in this one run, so the printed ratios compare like with like on whatever machine
 runs it.
@@ -106,8 +107,7 @@ def forward_costs(seq_len: int, batch: int, repeats: int, seed: int) -> None:
         print(f"    {name:18s} {seconds * 1e3:8.2f} ms/site  -> {seconds * sites / bare:6.1%}")
 
 
-CHI_SMALL = ["--layers", "12", "--heads", "12", "--d-model", "768", "--seq-len", "512",
-             "--samples", "32", "--batch-size", "4", "--device", "cpu"]  # fmt: skip
+CHI = ["--layers", "12", "--heads", "12", "--d-model", "768", "--device", "cpu"]
 
 
 def run_command(args: list[str], out: Path) -> dict[str, float]:
@@ -137,12 +137,16 @@ def run_command(args: list[str], out: Path) -> dict[str, float]:
 
 
 @torch.inference_mode()
-def command_costs(repeats: int, seed: int) -> None:
+def command_costs(
+    repeats: int, seed: int, seq_len: int = 512, samples: int = 32, batch: int = 4
+) -> None:
     """The whole ``nopelab analyze`` command against the bare forward loop of its analysis."""
-    args = ["analyze", *CHI_SMALL, "--seed", str(seed)]
+    sizes = {"seq_len": seq_len, "samples": samples, "batch_size": batch}
+    args = ["analyze", *CHI, *(f"--{k.replace('_', '-')}={v}" for k, v in sizes.items())]
+    args += ["--seed", str(seed)]
     study = load(
         model={"d_model": 768, "n_heads": 12, "n_layers": 12},
-        analysis={"seq_len": 512, "samples": 32, "batch_size": 4, "seed": seed, "device": "cpu"},
+        analysis={**sizes, "seed": seed, "device": "cpu"},
     )
     model, cfg = study.model, study.config.analysis
 
@@ -164,7 +168,7 @@ def command_costs(repeats: int, seed: int) -> None:
     bare_best = min(times["bare"])
     paired = np.median([run["total"] for run in runs] / np.array(times["bare"]))
     print(f"\nEnd to end: nopelab {' '.join(args)}")
-    print(f"  bare forward loop (32 samples)    {bare_best:8.2f} s   (best of {repeats})")
+    print(f"  bare forward loop ({samples} samples)    {bare_best:8.2f} s   (best of {repeats})")
     print(
         f"  whole command                     {best['total']:8.2f} s   ratio {best['total'] / bare_best:5.2f};"
         f" median of round ratios {paired:.2f}"
@@ -217,6 +221,9 @@ def main() -> None:
     parser.add_argument(
         "--end-to-end", action="store_true", help="only the whole command against the bare loop"
     )
+    parser.add_argument("--seq-len", type=int, default=512, help="--end-to-end's length")
+    parser.add_argument("--samples", type=int, default=32, help="--end-to-end's sequences")
+    parser.add_argument("--batch-size", type=int, default=4, help="--end-to-end's batch")
     args = parser.parse_args()
     if "OMP_WAIT_POLICY" not in os.environ:  # read when torch loads: start again with it
         env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
@@ -227,7 +234,7 @@ def main() -> None:
         f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
     )
     if args.end_to_end:
-        command_costs(args.repeats, args.seed)
+        command_costs(args.repeats, args.seed, args.seq_len, args.samples, args.batch_size)
         return
     forward_costs(512, batch=4, repeats=args.repeats, seed=args.seed)
     command_costs(args.repeats, args.seed)
