@@ -91,6 +91,25 @@ def test_other_commands_read_the_run(
     assert run_cli([*analyze, "--out", str(tmp_path / "analyze")], monkeypatch) == 0
 
 
+def test_train_resumes_a_uniformly_scaled_run_and_refuses_a_head_scaled_one(
+    text_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    steps = json.loads((text_run / "config.json").read_text())["train"]["steps"]
+    more = ["train", "--resume", "--steps", str(steps + 2), "--device", "cpu", "--out"]
+    uniform, scaled = tmp_path / "uniform", tmp_path / "scaled"
+    headscale([str(text_run), "--uniform", "1.5", "--out", str(uniform)], monkeypatch)
+    assert run_cli([*more, str(uniform)], monkeypatch) == 0  # a run like any other
+    assert json.loads((uniform / "trainer_state.json").read_text())["step"] == steps + 2
+    headscale([str(text_run), "--length", "2", "--steps", "1", "--out", str(scaled)], monkeypatch)
+    before = {p.name: p.read_bytes() for p in scaled.iterdir()}
+    capsys.readouterr()
+    assert run_cli([*more, str(scaled)], monkeypatch) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("nopelab: error: --resume: "), err
+    assert "holds head scales trained on a frozen model" in err
+    assert {p.name: p.read_bytes() for p in scaled.iterdir()} == before
+
+
 def test_the_scales_never_drop_below_one(
     text_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -303,6 +303,12 @@ def train(
                 difference = _first_difference(stored, run)
                 if difference is not None:
                     raise UserError(f"--resume: {difference}")
+                if stored.model.head_scales:  # its optimiser state is the source run's
+                    raise UserError(
+                        f"--resume: {out} holds head scales trained on a frozen model by "
+                        "`nopelab headscale`; train the run it was made from further, then "
+                        "scale that again"
+                    )
                 at_step = read_state(out)["step"]
                 if run.train.steps != stored.train.steps and run.train.steps < at_step:
                     raise UserError(
