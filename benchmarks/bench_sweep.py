@@ -18,7 +18,7 @@ The cells: copy task (lines up to 5 letters), 2 layers, 2 heads, d = ``--d-model
 batch ``--batch-size`` (4) x 64 tokens, ``--steps`` steps each, a crossed grid of 2 encodings x
 2 learning rates x 2 seeds. How much a second thread speeds up one cell grows with the model:
 the sweep gains most where it does not help. The workers' start-up is paid once per sweep, so
-the speed-up also grows with the length of the cells (4000 steps: about 10 s per cell).
+the speed-up also grows with the length of the cells.
 """
 
 from __future__ import annotations

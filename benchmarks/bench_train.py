@@ -47,18 +47,12 @@ On a GPU: ``--device cuda`` runs everything there (each timed call ends with a
 ``torch.cuda.synchronize``); ``--precision bfloat16`` trains under bf16 autocast, as
 ``nopelab train`` does on CUDA by default, and measures the peak with bf16 ``torch.mm``, so
 MFU is against the peak of the precision the step runs in. float32 matmuls keep torch's
-default (no TF32). (A CPU without bf16 matmul units runs bf16 ``torch.mm`` at ~1.3 GFLOP/s, on
-this AVX2 VM: there ``--precision bfloat16`` only checks that the path works.)
+default (no TF32). On a CPU without bf16 matmul units ``--precision bfloat16`` is very slow and
+only checks that the path works.
 
-Notes for a small shared CPU (measured on 2 cores of an AVX-512 Xeon, torch 2.13): ``--adamw
-fused`` (the default here) beats torch's CPU default ``forloop`` by about 10% at batch 1 and
-4-5% at batch 4 and 8; ``--compile`` adds about 5-10%; 2 threads give 1.7-1.9x the tokens/s of 1.
-The glibc allocator returns large activation buffers to the OS after every step, so each step
-page-faults them back in (about 50,000 faults and 0.1 s of system time per step at batch 8);
-``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=536870912``
-in the environment removes that (3-10% faster). The ``others`` column says whether another
-process shared the cores while a row was timed: a second busy job slows a 2-thread step
-several-fold, far more than its share of the CPU.
+Options that matter on a small shared CPU (``--adamw``, ``--compile``, the thread count, the
+glibc allocator's thresholds) and what they were measured to give: docs/performance.md. The
+``others`` column says whether another process shared the cores while a row was timed.
 """
 
 from __future__ import annotations

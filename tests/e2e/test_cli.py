@@ -147,7 +147,7 @@ def test_same_seed_same_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert not runs[0]["variance"].equals(runs[2]["variance"])
 
 
-@pytest.mark.slow  # 5-7 s a case; the full suite runs it
+@pytest.mark.slow  # the full suite runs it
 @pytest.mark.parametrize(
     ("suffix", "text"),
     [

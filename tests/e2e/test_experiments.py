@@ -312,7 +312,7 @@ def test_zuo2025_probes_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
             paper,
             part,
             marks=[pytest.mark.slow] if (paper, part) == ("zuo2025", "trained") else [],
-        )  # zuo2025 trained builds its curriculum's settings: 8 s
+        )  # zuo2025 trained builds its whole curriculum's settings
         for paper, e in EXPERIMENTS.items()
         for part, runner in e.parts.items()
         if "paper" in runner.scales

@@ -50,7 +50,7 @@ numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]  # type: ign
 
 LANES = 8
 NETWORK_MAX = 4096  # longest run the network sorts with 32-bit keys; a power of two
-_WIDE_SHRINK = 8  # 64-bit keys: runs up to NETWORK_MAX / 8 (benchmarks/bench_pair_count.py)
+_WIDE_SHRINK = 8  # 64-bit keys: runs up to NETWORK_MAX / 8 (twice the work per element)
 _NARROW_LIMIT = 0x3FFFFFFF  # float32 magnitude bits below this (|x| < 2) fit doubled in int32
 _NARROW_PAD = 0x7FFFFFFF  # above every doubled, tagged int32 key of |x| < 2
 _WIDE_PAD = 0x7FFFFFFFFFFFFFFF  # above every doubled, tagged int64 key of a float32

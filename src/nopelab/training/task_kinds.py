@@ -260,5 +260,5 @@ class Count(_Letters):
         return Example(f"count({letters})=", str(len(letters)))
 
 
-if tuple(TASK_KINDS) != get_args(Task):
+if set(TASK_KINDS) != set(get_args(Task)):
     raise ImportError(f"Task {get_args(Task)} and the registered tasks {tuple(TASK_KINDS)} differ")
