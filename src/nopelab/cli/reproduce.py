@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -114,11 +114,9 @@ def reproduce(
     from nopelab.runtime.device import resolve_device
 
     resolve_device(device)
-    options: dict[str, Any] = {}
-    if samples is not None:
-        options["samples"] = _counts("--samples", samples)
-    if sizes is not None:
-        options["sizes"] = _sizes("--sizes", sizes)
+    typed = {"samples": samples, "sizes": sizes}  # the parts' own flags, as typed
+    parsers = {"samples": _counts, "sizes": _sizes}
+    options = {k: parsers[k](f"--{k}", v) for k, v in typed.items() if v is not None}
     for name in options:
         if name not in runner.options:
             raise UserError(f"--{name}: only for {', '.join(taking(name))}")
@@ -141,27 +139,10 @@ def reproduce(
         try:
             runner.run(settings, folder)
         except KeyboardInterrupt:
-            again = shlex.join(
-                [
-                    "nopelab",
-                    "reproduce",
-                    paper,
-                    "--part",
-                    part,
-                    "--scale",
-                    scale,
-                    "--seed",
-                    str(seed),
-                    "--device",
-                    device,
-                    "--out",
-                    str(out),
-                    "--resume",
-                    *(["--models", str(models)] if models is not None else []),
-                    *(["--samples", samples] if samples is not None else []),
-                    *(["--sizes", sizes] if sizes is not None else []),
-                ]
-            )
+            common = {"part": part, "scale": scale, "seed": seed, "device": device, "out": out}
+            given = {**common, "models": models, **typed}
+            flags = [f for k, v in given.items() if v is not None for f in (f"--{k}", str(v))]
+            again = shlex.join(["nopelab", "reproduce", paper, *flags, "--resume"])
             typer.echo(
                 f"nopelab: interrupted; finished models are kept: continue with {again}", err=True
             )

@@ -295,6 +295,11 @@ def test_sigterm_stops_a_reproduction_and_its_workers(tmp_path) -> None:
     assert proc.returncode == 130 and "Traceback" not in err, err
     line = err.strip().splitlines()[-1]
     assert "finished models are kept: continue with" in line and "--resume" in line, err
+    again = shlex.split(line.split("continue with ", 1)[1])
+    assert again == [
+        "nopelab", "reproduce", "zuo2025", "--part", "trained", "--scale", "smoke", "--seed",
+        "0", "--device", "auto", "--out", str(out), "--resume",
+    ]  # fmt: skip
     snapshot = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
     time.sleep(3)  # the training processes were stopped too: nothing changes any more
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == snapshot
