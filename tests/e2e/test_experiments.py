@@ -65,6 +65,19 @@ def test_chi2023_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.slow
+def test_the_main_job_keeps_its_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's main job, ``nopelab reproduce chi2023`` at its default scale, gives the
+    numbers stored when its tables were written into the README (a few minutes)."""
+    from nopelab.cli import main
+
+    out = tmp_path / "chi2023"
+    args = ["nopelab", "reproduce", "chi2023", "--device", "cpu", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", args)
+    main()
+    assert_matches_reference(out, "chi2023-random-init-small")
+
+
+@pytest.mark.slow
 def test_zuo2025_random_init_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "zuo"
     reproduce(["zuo2025", "--part", "random-init", "--out", str(out)], monkeypatch)
