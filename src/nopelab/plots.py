@@ -97,7 +97,7 @@ def _lines_by_layer(
     frame: pd.DataFrame, x: str, y: str, title: str = ""
 ) -> tuple[Figure, dict[str, Axes]]:
     """A panel per site, a line of ``y`` against ``x`` (log scale) per layer, a layer colour bar."""
-    sites = list(dict.fromkeys(frame["site"]))
+    sites = [str(site) for site in frame["site"].unique()]  # in order of appearance
     fig, axes, cax = _grid(1, len(sites), 3.4, 2.7, title, colourbar=True)
     norm = _layer_colours(sorted(frame["layer"].unique()))
     viridis = _pyplot().cm.viridis
