@@ -140,4 +140,4 @@ def test_evaluate_a_hugging_face_model(
     capsys.readouterr()  # the progress lines of the runs above
     refused = [f"hf:{hf_llama}", "--lengths", "1", "--text", "missing.txt"]
     err = _refused(refused, tmp_path / "empty", monkeypatch, capsys)
-    assert err == "nopelab: error: --text: no such file or folder: missing.txt"
+    assert err.startswith("nopelab: error: --text: no such file or folder: missing.txt (allowed: ")

@@ -44,7 +44,11 @@ def load_text(source: str, column: str = "text") -> str:
         return _nonempty(_load_hf(source, column), source)
     path = Path(source).expanduser()
     if not path.exists():
-        raise ConfigError(FIELD, f"no such file or folder: {source}")
+        raise ConfigError(
+            FIELD,
+            f"no such file or folder: {source} (allowed: default, the embedded corpus; a text "
+            "file or a folder of .txt files; a .jsonl or .parquet file; hf:NAME)",
+        )
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())
         if not files:
