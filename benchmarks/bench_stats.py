@@ -1,11 +1,11 @@
 """Cost of the streaming statistics, and of the exact adjacency score against brute force.
 
 Run: ``.venv/bin/python benchmarks/bench_stats.py`` (add ``--quick`` to skip T = 2048 and the
-T = 4096 brute force; ``--end-to-end`` for part 2 alone, ``--seq-len``, ``--samples`` and
-``--batch-size`` for another length than T = 512, 32 samples, batch 4). Like the ``nopelab`` command, it runs
-with ``OMP_WAIT_POLICY=passive`` unless the variable is set (it starts again with it). Everything
-is measured in this one run, so the printed ratios compare like with like on whatever machine
-runs it.
+T = 4096 brute force; ``--end-to-end`` for part 2 alone; ``--seq-len``, ``--samples`` and
+``--batch-size`` set part 2's analysis, T = 512, 32 samples, batch 4 by default). Like the
+``nopelab`` command, it runs with ``OMP_WAIT_POLICY=passive`` unless the variable is set (it
+starts again with it). Everything is measured in this one run, so the printed ratios compare
+like with like on whatever machine runs it.
 
 1. The chi2023 model (pre-LN NoPE, d = 768, 12 heads, 12 layers) at T = 512 and 2048: wall time
    of a bare forward pass, of one with every statistic at every site (49 sites), and of one that
@@ -137,9 +137,7 @@ def run_command(args: list[str], out: Path) -> dict[str, float]:
 
 
 @torch.inference_mode()
-def command_costs(
-    repeats: int, seed: int, seq_len: int = 512, samples: int = 32, batch: int = 4
-) -> None:
+def command_costs(repeats: int, seed: int, seq_len: int, samples: int, batch: int) -> None:
     """The whole ``nopelab analyze`` command against the bare forward loop of its analysis."""
     sizes = {"seq_len": seq_len, "samples": samples, "batch_size": batch}
     args = ["analyze", *CHI, *(f"--{k.replace('_', '-')}={v}" for k, v in sizes.items())]
@@ -221,9 +219,9 @@ def main() -> None:
     parser.add_argument(
         "--end-to-end", action="store_true", help="only the whole command against the bare loop"
     )
-    parser.add_argument("--seq-len", type=int, default=512, help="--end-to-end's length")
-    parser.add_argument("--samples", type=int, default=32, help="--end-to-end's sequences")
-    parser.add_argument("--batch-size", type=int, default=4, help="--end-to-end's batch")
+    parser.add_argument("--seq-len", type=int, default=512, help="part 2's sequence length")
+    parser.add_argument("--samples", type=int, default=32, help="part 2's sequences")
+    parser.add_argument("--batch-size", type=int, default=4, help="part 2's batch size")
     args = parser.parse_args()
     if "OMP_WAIT_POLICY" not in os.environ:  # read when torch loads: start again with it
         env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
@@ -237,7 +235,7 @@ def main() -> None:
         command_costs(args.repeats, args.seed, args.seq_len, args.samples, args.batch_size)
         return
     forward_costs(512, batch=4, repeats=args.repeats, seed=args.seed)
-    command_costs(args.repeats, args.seed)
+    command_costs(args.repeats, args.seed, args.seq_len, args.samples, args.batch_size)
     if not args.quick:
         forward_costs(2048, batch=1, repeats=args.repeats, seed=args.seed)
     adjacency_costs([256, 1024, 4096], brute_max=1024 if args.quick else 4096, seed=args.seed)

@@ -189,8 +189,9 @@ def cosine_heatmaps(
     for i, (label, matrix) in enumerate(matrices.items()):
         row, col = divmod(i, ncols)
         x, y = col * (side + across), row * (side + down)  # the tile's top left corner
+        shown = _block_means(matrix, TILE_PIXELS)
         image = ax.imshow(
-            _block_means(matrix, TILE_PIXELS), cmap="magma", vmin=low, vmax=1.0, extent=(x, x + side, y + side, y),
+            shown, cmap="magma", vmin=low, vmax=1.0, extent=(x, x + side, y + side, y),
             aspect="auto",
         )  # fmt: skip
         ax.text(x + side / 2, y - 0.06, label, ha="center", va="bottom", fontsize=8)

@@ -103,10 +103,11 @@ def test_train_resumes_a_uniformly_scaled_run_and_refuses_a_head_scaled_one(
     headscale([str(text_run), "--length", "2", "--steps", "1", "--out", str(scaled)], monkeypatch)
     before = {p.name: p.read_bytes() for p in scaled.iterdir()}
     capsys.readouterr()
-    assert run_cli([*more, str(scaled)], monkeypatch) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("nopelab: error: --resume: "), err
-    assert "holds head scales trained on a frozen model" in err
+    for resume in (more, ["train", "--resume", "--device", "cpu", "--out"]):  # with --steps, or not
+        assert run_cli([*resume, str(scaled)], monkeypatch) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("nopelab: error: --resume: "), err
+        assert "holds head scales trained on a frozen model" in err
     assert {p.name: p.read_bytes() for p in scaled.iterdir()} == before
 
 

@@ -84,7 +84,7 @@ def headscale(
     from nopelab.training.headscale import (
         head_scale_run,
         head_scale_settings,
-        text_run,
+        read_text_run,
         uniform_run,
     )
     from nopelab.training.sources import TextSource
@@ -95,10 +95,13 @@ def headscale(
     device = resolve_device(AnalysisConfig(**given.section("analysis")).device)
     out = out or default_out(f"headscale-{run_dir.name}")
     check_out(out, force, [run_dir])
-    run = text_run(run_dir)
+    run = read_text_run(run_dir)
     source = make_source(run, run_dir)
-    assert isinstance(source, TextSource)  # text_run: a run without a task has a corpus
-    settings = None if uniform is not None else head_scale_settings(run, source, *training)
+    assert isinstance(source, TextSource)  # read_text_run: a run without a task has a corpus
+    settings = None
+    if uniform is None:
+        assert length is not None  # _check_flags: --length or --uniform
+        settings = head_scale_settings(run, source, length, steps, lr, init_scale, batch_size, seed)
     _, model = load_trained(run_dir)
     with staged_run(out, force, [run_dir], command="headscale") as staging:
         if settings is None:

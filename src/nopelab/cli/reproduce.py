@@ -34,8 +34,9 @@ def _help() -> dict[str, str]:
         "paper": " | ".join(EXPERIMENTS),
         "part": "; ".join(by_paper),
         "scale": " | ".join(s for s in SCALES if s in scales)
-        + f". medium (longer training, the papers' task lengths): {at['medium']}. paper (the "
-        f"papers' sizes, GPU advised): {at['paper']}",
+        + ". smoke: a check in seconds; small (the default): a CPU's budget; medium (language "
+        f"models trained on 12-18 M tokens, Zuo's task lengths, more seeds): {at['medium']}; "
+        f"paper (the papers' sizes, GPU advised): {at['paper']}",
         "resume": f"Continue an interrupted run in --out (all parts but {fixed}): finished "
         "models are kept, an interrupted one continues from its checkpoint",
     }

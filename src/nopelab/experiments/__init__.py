@@ -8,6 +8,7 @@ validates and resolves, and ``run(settings, out)``, which writes; its scales are
 
 from __future__ import annotations
 
+import functools
 import importlib
 import tomllib
 from collections.abc import Callable
@@ -16,6 +17,13 @@ from importlib import resources
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+
+@functools.cache
+def scale_names(file: str) -> tuple[str, ...]:
+    """The tables of ``scales/FILE.toml``, in order."""
+    text = resources.files(__name__).joinpath("scales", f"{file}.toml").read_text()
+    return tuple(tomllib.loads(text))
 
 
 @dataclass(frozen=True)
@@ -42,11 +50,8 @@ class Part:
     @property
     def scales(self) -> tuple[str, ...]:
         """The scales this part runs at, in its scale file's order."""
-        file = f"{self.scale_file or self.module}.toml"
-        text = resources.files(__name__).joinpath("scales", file).read_text()
-        return tuple(
-            s for s in tomllib.loads(text) if not self.only_scales or s in self.only_scales
-        )
+        tables = scale_names(self.scale_file or self.module)
+        return tuple(s for s in tables if not self.only_scales or s in self.only_scales)
 
     def code(self) -> ModuleType:
         """The part's module (imports PyTorch)."""

@@ -22,7 +22,7 @@ from nopelab.training.train import load_trained, make_source
 
 
 @dataclass(frozen=True)
-class Target:
+class EvaluationTarget:
     """A language model to evaluate, its held-out tokens and what to run at each length."""
 
     model: nn.Module
@@ -31,7 +31,7 @@ class Target:
     plan: list[LengthPlan]
 
 
-def native_target(run_dir: Path, asked: dict[str, Any]) -> Target:
+def native_target(run_dir: Path, asked: dict[str, Any]) -> EvaluationTarget:
     """A training run on text; a task run is refused. ``asked``: the lengths, windows and
     batch size, for :func:`~nopelab.measure.length.plan_lengths`."""
     run = read_run(run_dir)
@@ -52,7 +52,7 @@ def native_target(run_dir: Path, asked: dict[str, Any]) -> Target:
     held_out = len(source.stream.val)
     plan = plan_lengths(train_len, held_out, window_bytes, table=table, **asked)
     _, model = load_trained(run_dir)
-    return Target(model, source.stream, train_len, plan)
+    return EvaluationTarget(model, source.stream, train_len, plan)
 
 
 def hf_target(
@@ -61,7 +61,7 @@ def hf_target(
     train_len: int | None,
     trust_remote_code: bool,
     asked: dict[str, Any],
-) -> Target:
+) -> EvaluationTarget:
     """A Hugging Face model read as ``nopelab analyze hf:PATH`` reads it; everything is
     checked before its weights are read."""
     from nopelab.hf.load import TextWindows, load_model
@@ -84,15 +84,15 @@ def hf_target(
             raise UserError(f"--text: {exc.message}") from None
         table = None if architecture(config.model_type).rope else positions
         held_out = len(stream.val)
-        window_bytes = hf_window_bytes(config)
+        window_bytes = _hf_window_bytes(config)
         plan = plan_lengths(length, held_out, window_bytes, table=table, **asked)
         checked.update(stream=stream, train_len=length, plan=plan)
 
     model, _, _ = load_model(path, trust_remote_code, check=check)
-    return Target(model, checked["stream"], checked["train_len"], checked["plan"])
+    return EvaluationTarget(model, checked["stream"], checked["train_len"], checked["plan"])
 
 
-def hf_window_bytes(config: Any) -> Callable[[int], int]:
+def _hf_window_bytes(config: Any) -> Callable[[int], int]:
     """The memory of one window's forward pass through a Hugging Face model, as
     :func:`~nopelab.limits.forward_bytes` counts a native one's; eager attention (not
     PyTorch's fused attention) holds a layer's attention matrix too."""

@@ -216,13 +216,16 @@ class InterventionSettings:
     probe: ProbeConfig
 
     def to_dict(self, run_dir: Path) -> dict[str, Any]:
-        return {"run": str(run_dir), **{k: dataclasses.asdict(v) for k, v in vars(self).items()}}
+        tables = {
+            f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)
+        }
+        return {"run": str(run_dir), **tables}
 
 
 def intervention_settings(run_dir: Path, data: dict[str, Any]) -> InterventionSettings:
     """The [intervention], [analysis] and [probe] tables of ``data`` (a config file's, with the
-    flags laid over them), validated; the probes read the run's own data at its training
-    length unless told otherwise."""
+    flags laid over them), validated; [analysis] defaults to the run's own data
+    (``input = "data"``) at its training length (``seq_len``)."""
     check_sections(data, ("intervention", "analysis", "probe"))
     analysis = {"seq_len": read_run(run_dir).train.seq_len, "input": "data"}
     return InterventionSettings(

@@ -47,7 +47,7 @@ def load_text(source: str, column: str = "text") -> str:
         raise ConfigError(
             FIELD,
             f"no such file or folder: {source} (allowed: default, the embedded corpus; a text "
-            "file or a folder of .txt files; a .jsonl or .parquet file; hf:NAME)",
+            "file or a folder of .txt files; a .jsonl or .parquet file; hf:NAME[:SPLIT])",
         )
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())

@@ -162,7 +162,7 @@ def check_length(run: TrainRun, source: TextSource, factor: float) -> int:
     return tokens
 
 
-def text_run(run_dir: Path) -> TrainRun:
+def read_text_run(run_dir: Path) -> TrainRun:
     """The settings of a run of a language model trained on text, without per-head scales."""
     run = read_run(run_dir)
     if run.task is not None:
@@ -180,15 +180,15 @@ def text_run(run_dir: Path) -> TrainRun:
 def head_scale_settings(
     run: TrainRun,
     source: TextSource,
-    length: float | None,
+    length: float,
     steps: int | None,
     lr: float | None,
     init_scale: float | None,
     batch_size: int | None,
     seed: int | None,
 ) -> HeadScaleTraining:
-    """The head-scale training settings, defaults filled in, checked against the run."""
-    assert length is not None  # the command asks for --length or --uniform
+    """The head-scale training settings, defaults filled in, checked against the run (the
+    command checks each value's range first)."""
     settings = HeadScaleTraining(
         length_factor=length,
         length=check_length(run, source, length),

@@ -231,8 +231,15 @@ def prepare_out(out: Path, resume: bool, force: bool, steps: int | None = None) 
         if not holds_files:
             raise UserError(f"--resume: {out} holds no run to resume")
         read_state(out)  # fails clearly without a checkpoint
+        stored = read_run(out)
+        if stored.model.head_scales:  # its weights were frozen; its optimiser is the scales'
+            raise UserError(
+                f"--resume: {out} holds head scales trained on a frozen model by "
+                "`nopelab headscale`; train the run it was made from further, then scale that "
+                "again"
+            )
         finished = (out / "summary.json").is_file()
-        if finished and (steps is None or steps <= read_run(out).train.steps):
+        if finished and (steps is None or steps <= stored.train.steps):
             raise UserError(
                 f"--resume: the run in {out} has already finished; pass a larger --steps to "
                 "train it further"
@@ -303,12 +310,6 @@ def train(
                 difference = _first_difference(stored, run)
                 if difference is not None:
                     raise UserError(f"--resume: {difference}")
-                if stored.model.head_scales:  # its optimiser state is the source run's
-                    raise UserError(
-                        f"--resume: {out} holds head scales trained on a frozen model by "
-                        "`nopelab headscale`; train the run it was made from further, then "
-                        "scale that again"
-                    )
                 at_step = read_state(out)["step"]
                 if run.train.steps != stored.train.steps and run.train.steps < at_step:
                     raise UserError(
