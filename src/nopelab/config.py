@@ -493,7 +493,8 @@ class CorpusConfig:
 
     source: str = setting(
         "default",
-        "default (World English Bible), a .txt file, a folder of .txt, .jsonl, .parquet or "
+        "default (World English Bible), sotu (State of the Union addresses 1790-2021), names "
+        "joined by + (sotu+default), a .txt file, a folder of .txt, .jsonl, .parquet or "
         "hf:NAME[:SPLIT]",
         flag="--corpus",
     )

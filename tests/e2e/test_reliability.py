@@ -75,6 +75,7 @@ BAD_INPUT = {
         ("--task copy --stop-at nan", "--stop-at: must be a finite number"),
         ("--corpus default --stop-at 0.9", "--stop-at: stops a task run at an accuracy"),
         ("--corpus no/such/file.txt", "--corpus: no such file or folder"),
+        ("--corpus sotu+bible", "--corpus: unknown corpus name 'bible' in 'sotu+bible'"),
         ("--task copy --init-from no/such/run", "--init-from: "),
         ("--task copy --init-from RUN", "the model settings must be the same"),
         (

@@ -1,7 +1,9 @@
 """Text corpora for language modelling: loading, splitting and batching token ids.
 
-The default corpus is the World English Bible (public domain, ≈4.96 MB of English, one
-verse per line), shipped compressed with the package; see ``data/LICENSE-corpus.md``.
+Two public-domain English corpora ship compressed with the package (``data/LICENSE-corpus.md``)
+and are loaded by name: ``default``, the World English Bible (≈4.96 MB, one verse per line), and
+``sotu``, the State of the Union addresses 1790–2021 (≈10.8 MB, one address per line). Names
+joined by ``+`` concatenate corpora in that order, so the held-out tail comes from the last.
 """
 
 from __future__ import annotations
@@ -23,31 +25,57 @@ FIELD = "--corpus"
 SPLITS = ("train", "val")
 
 
-@functools.lru_cache(maxsize=1)
+EMBEDDED = {"default": "web.txt.xz", "sotu": "sotu.txt.xz"}  # name -> file in nopelab/data
+SOURCES = (
+    "default (World English Bible), sotu (State of the Union addresses), names joined by +; "
+    "a text file or a folder of .txt files; a .jsonl or .parquet file; hf:NAME[:SPLIT]"
+)
+
+
+@functools.lru_cache(maxsize=len(EMBEDDED))
+def embedded_corpus(name: str) -> str:
+    """An embedded corpus (a key of :data:`EMBEDDED`) as one string."""
+    data = resources.files("nopelab").joinpath("data", EMBEDDED[name]).read_bytes()
+    return lzma.decompress(data).decode("utf-8")
+
+
 def default_corpus() -> str:
     """The embedded default corpus (World English Bible) as one string."""
-    data = resources.files("nopelab").joinpath("data", "web.txt.xz").read_bytes()
-    return lzma.decompress(data).decode("utf-8")
+    return embedded_corpus("default")
+
+
+def embedded_names(source: str) -> list[str] | None:
+    """The names of ``source`` if it is an embedded corpus or a ``+``-join of them, else None."""
+    names = source.split("+")
+    if all(name in EMBEDDED for name in names):
+        return names
+    if "+" in source and not Path(source).expanduser().exists():
+        unknown = ", ".join(repr(n) for n in names if n not in EMBEDDED)
+        raise ConfigError(
+            FIELD, f"unknown corpus name {unknown} in {source!r} (names: {', '.join(EMBEDDED)})"
+        )
+    return None
 
 
 def load_text(source: str, column: str = "text") -> str:
     """The text of a corpus source.
 
-    ``source`` is ``"default"``; a text file; a folder (its ``*.txt`` files, recursively,
-    in path order); a ``.jsonl`` or ``.parquet`` file (the string ``column``); or
-    ``hf:NAME[:SPLIT]``, a Hugging Face dataset (needs ``datasets``). Documents are joined
-    with newlines. Bad input raises a one-line :class:`ConfigError` for ``--corpus``.
+    ``source`` is an embedded corpus's name (``"default"``, ``"sotu"``) or names joined by
+    ``+`` (``"sotu+default"``: both, in that order); a text file; a folder (its ``*.txt``
+    files, recursively, in path order); a ``.jsonl`` or ``.parquet`` file (the string
+    ``column``); or ``hf:NAME[:SPLIT]``, a Hugging Face dataset (needs ``datasets``). Documents
+    are joined with newlines. Bad input raises a one-line :class:`ConfigError` for ``--corpus``.
     """
-    if source == "default":
-        return default_corpus()
+    names = embedded_names(source)
+    if names is not None:
+        return embedded_corpus(names[0]) if len(names) == 1 else _joined(names)
     if source.startswith("hf:"):
         return _nonempty(_load_hf(source, column), source)
     path = Path(source).expanduser()
     if not path.exists():
         raise ConfigError(
             FIELD,
-            f"no such file or folder: {source} (allowed: default, the embedded corpus; a text "
-            "file or a folder of .txt files; a .jsonl or .parquet file; hf:NAME[:SPLIT])",
+            f"no such file or folder: {source} (allowed: {SOURCES})",
         )
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())
@@ -60,6 +88,12 @@ def load_text(source: str, column: str = "text") -> str:
     if suffix == ".parquet":
         return _nonempty(_load_parquet(path, column), f"column {column!r} of {source}")
     return _nonempty(_read_utf8(path), source)
+
+
+def _joined(names: list[str]) -> str:
+    """Embedded corpora one after another, each ending in a newline."""
+    parts = (embedded_corpus(name) for name in names)
+    return "".join(part if part.endswith("\n") else part + "\n" for part in parts)
 
 
 def _nonempty(text: str, what: str) -> str:

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from nopelab.config import CorpusConfig, ModelConfig
 from nopelab.errors import ConfigError
 from nopelab.training import tasks
-from nopelab.training.corpus import TokenStream, load_text, split_text
+from nopelab.training.corpus import TokenStream, embedded_names, load_text, split_text
 from nopelab.training.task_config import VOCAB, TaskConfig
 from nopelab.training.tokenizer import Tokenizer, get_tokenizer, tokenizer_from_json
 
@@ -247,8 +247,8 @@ class TextSource:
 
 def bpe_cache_dir(source: str) -> Path | None:
     """Where a BPE trained on ``source`` is cached: ``.nopelab/`` next to a local corpus when
-    that folder is writable, else (and for the default and Hugging Face corpora) the user cache."""
-    if source == "default" or source.startswith("hf:"):
+    that folder is writable, else (and for the embedded and Hugging Face corpora) the user cache."""
+    if source.startswith("hf:") or embedded_names(source) is not None:
         return None
     path = Path(source).expanduser()
     folder = path if path.is_dir() else path.parent

@@ -16,8 +16,14 @@ import torch
 
 from nopelab.config import CorpusConfig
 from nopelab.errors import ConfigError
-from nopelab.training.corpus import TokenStream, default_corpus, load_text, split_text
-from nopelab.training.sources import TextSource
+from nopelab.training.corpus import (
+    TokenStream,
+    default_corpus,
+    embedded_corpus,
+    load_text,
+    split_text,
+)
+from nopelab.training.sources import TextSource, bpe_cache_dir
 from nopelab.training.tokenizer import get_tokenizer
 
 
@@ -32,6 +38,44 @@ def test_default_corpus() -> None:
     assert "<" not in text and ">" not in text and "&amp;" not in text
     assert all(line and line == " ".join(line.split()) for line in lines)
     assert load_text("default") is text
+
+
+def test_sotu_corpus() -> None:
+    text = embedded_corpus("sotu")
+    lines = text.splitlines()
+    assert len(lines) == 233  # one address per line, 1790 to 2021
+    assert lines[0].startswith("Fellow-Citizens of the Senate and House of Representatives:")
+    assert lines[-1].endswith(
+        "may God protect our troops. Thank you for your patience. (Applause.)"
+    )
+    assert 1_700_000 < len(text.split()) < 1_900_000
+    assert all(line and line == " ".join(line.split()) for line in lines)
+    assert load_text("sotu") is text
+
+
+def test_joined_names_keep_their_order_and_hold_out_the_last() -> None:
+    web, sotu = default_corpus(), embedded_corpus("sotu")
+    joined = load_text("sotu+default")
+    assert joined == sotu + web  # each ends in a newline already
+    train, val = split_text(joined)
+    assert web.endswith(val) and train.startswith(sotu)  # the tail is the last-named corpus's
+    assert bpe_cache_dir("sotu+default") is None and bpe_cache_dir("sotu") is None
+
+
+@pytest.mark.parametrize("source", ["sotu+bible", "default+", "+sotu"])
+def test_unknown_name_in_a_join(source: str) -> None:
+    with pytest.raises(
+        ConfigError, match=r"^--corpus: unknown corpus name .* \(names: default, sotu\)$"
+    ):
+        load_text(source)
+
+
+def test_a_file_named_like_a_join_is_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("a+b.txt").write_text("file text")
+    assert load_text("a+b.txt") == "file text"
 
 
 def test_load_txt_file(tmp_path: Path) -> None:
