@@ -355,6 +355,11 @@ def test_reproduce_rejects_unknown_names(tmp_path: Path, capsys, monkeypatch) ->
             (["reproduce", "haviv2022", "--part", "sizes", "--sizes", sizes], "--sizes")
             for sizes in ("", "48x2,24x2", "24x2,24x2", "24", "24x2x5", "ax2", "0x2")
         ),
+        (["reproduce", "zuo2025", "--part", "trained", "--corpus", "sotu"], "--corpus"),
+        *(
+            (["reproduce", "wang2024", "--corpus", corpus], "--corpus")
+            for corpus in ("", "bible", "sotu+", "web.txt", "sotu+default+x")
+        ),
     ):
         assert run_cli([*args, "--out", str(tmp_path / "o")], monkeypatch) == 2
         err = capsys.readouterr().err.strip()

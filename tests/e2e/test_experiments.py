@@ -245,6 +245,27 @@ def test_chi2023_pretrained_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.slow
+def test_a_reproduction_trains_on_the_corpus_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "on-sotu"
+    argv = ["chi2023", "--part", "pretrained", "--corpus", "sotu+default", "--out", str(out)]
+    reproduce(argv, monkeypatch)
+    both = "the embedded State of the Union addresses 1790-2021 followed by the embedded World"
+    assert both in " ".join((out / "summary.md").read_text().split())
+    for pe in ("none", "learned", "rope"):
+        config = json.loads((out / "runs" / f"lm-{pe}" / "config.json").read_text())
+        assert config["corpus"]["source"] == "sotu+default"
+    assert json.loads((out / "reproduction.json").read_text())["corpus"] == "sotu+default"
+    # a resume must name the same corpus: without it, the folder holds another run
+    with pytest.raises(SystemExit) as info:
+        reproduce(["chi2023", "--part", "pretrained", "--out", str(out), "--resume"], monkeypatch)
+    assert info.value.code == 2
+    message = "--resume: corpus is not given but the run was started with 'sotu+default'"
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_haviv2022_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "haviv"
     reproduce(["haviv2022", "--out", str(out)], monkeypatch)

@@ -90,6 +90,14 @@ def reproduce(
             "24x2,48x2,80x3x4 \\[the scale's]"
         ),
     ] = None,
+    corpus: Annotated[
+        str | None,
+        typer.Option(
+            help=f"{', '.join(taking('corpus'))}: the embedded corpus the language models train "
+            "on: default (World English Bible), sotu (State of the Union addresses), or names "
+            "joined by + (sotu+default) \\[default]"
+        ),
+    ] = None,
 ) -> None:
     """Reproduce a paper's results at a chosen scale, with figures and a markdown summary."""
     from nopelab.runtime.rundir import check_resume, default_out, resumable_run, staged_run
@@ -115,8 +123,8 @@ def reproduce(
     from nopelab.runtime.device import resolve_device
 
     resolve_device(device)
-    typed = {"samples": samples, "sizes": sizes}  # the parts' own flags, as typed
-    parsers = {"samples": _counts, "sizes": _sizes}
+    typed = {"samples": samples, "sizes": sizes, "corpus": corpus}  # the parts' flags, as typed
+    parsers = {"samples": _counts, "sizes": _sizes, "corpus": _corpus}
     options = {k: parsers[k](f"--{k}", v) for k, v in typed.items() if v is not None}
     for name in options:
         if name not in runner.options:
@@ -159,6 +167,19 @@ def _counts(flag: str, text: str) -> tuple[int, ...]:
         raise UserError(
             f"{flag}: expected comma-separated whole numbers like 32,256,1024, got {text!r}"
         ) from None
+
+
+def _corpus(flag: str, text: str) -> str:
+    """An embedded corpus's name, or names joined by ``+``: what a reproduction trains on."""
+    from nopelab.training.corpus import EMBEDDED
+
+    unknown = [name for name in text.split("+") if name not in EMBEDDED]
+    if unknown:
+        raise UserError(
+            f"{flag}: unknown corpus {', '.join(map(repr, unknown))}; allowed: "
+            f"{', '.join(EMBEDDED)}, or names joined by + (e.g. sotu+default)"
+        )
+    return text
 
 
 def _sizes(flag: str, text: str) -> list[dict[str, int]]:

@@ -80,7 +80,7 @@ EXPERIMENTS = {
     "chi2023": Experiment(
         {
             "random-init": Part("chi2023"),
-            "pretrained": Part("chi2023_pretrained", resumable=True),
+            "pretrained": Part("chi2023_pretrained", resumable=True, options=("corpus",)),
             "probe-study": Part(
                 "chi2023_probe_study",
                 "probes of the random model over inputs, sites, probes and training sequences",
@@ -107,12 +107,12 @@ EXPERIMENTS = {
     ),
     "haviv2022": Experiment(
         {
-            "pretrained": Part("haviv2022", resumable=True),
+            "pretrained": Part("haviv2022", resumable=True, options=("corpus",)),
             "sizes": Part(
                 "haviv2022_sizes",
                 "five encodings at three sizes, the gap to NoPE",
                 resumable=True,
-                options=("sizes",),
+                options=("sizes", "corpus"),
             ),
         },
         "pretrained",
@@ -133,6 +133,7 @@ EXPERIMENTS = {
                 "wang2024",
                 "NoPE and RoPE past the training length, the logit-scale fixes",
                 resumable=True,
+                options=("corpus",),
             )
         },
         "lengths",

@@ -22,7 +22,12 @@ import pandas as pd
 from nopelab import plots
 from nopelab.config import ATTENTION, DEFAULT_SITES, AnalysisConfig, PosEncoding
 from nopelab.experiments.scale_files import read_scales
-from nopelab.experiments.summary_template import fill, schedule_values, shape_values
+from nopelab.experiments.summary_template import (
+    corpus_values,
+    fill,
+    schedule_values,
+    shape_values,
+)
 from nopelab.experiments.train_and_measure import (
     Trained,
     kept_checkpoints,
@@ -63,10 +68,12 @@ class Settings:
     workers: int  # models trained at once
 
 
-def settings(scale: str, seed: int, device: str) -> Settings:
+def settings(scale: str, seed: int, device: str, corpus: str = "default") -> Settings:
     s = SCALES[scale]
     resolve_device(device)
-    runs = lm_runs(POS_ENCODINGS, s["model"], s["train"], seed, device, kept=s["checkpoints"])
+    runs = lm_runs(
+        POS_ENCODINGS, s["model"], s["train"], seed, device, kept=s["checkpoints"], corpus=corpus
+    )
     analysis = AnalysisConfig(
         seq_len=s["train"]["seq_len"],
         samples=s["samples"],
@@ -176,6 +183,7 @@ def summary_text(
     m, t, a = first.model, first.train, settings.analysis
     return fill(
         "chi2023_pretrained",
+        **corpus_values(first),
         **shape_values(m),
         **schedule_values(t),
         seed=t.seed,

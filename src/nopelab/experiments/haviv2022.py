@@ -25,7 +25,12 @@ import pandas as pd
 from nopelab import plots
 from nopelab.config import AnalysisConfig, PosEncoding, Probe, ProbeConfig, Site
 from nopelab.experiments.scale_files import read_scales
-from nopelab.experiments.summary_template import fill, schedule_values, shape_values
+from nopelab.experiments.summary_template import (
+    corpus_values,
+    fill,
+    schedule_values,
+    shape_values,
+)
 from nopelab.experiments.train_and_measure import lm_runs, perplexity_row, train_into
 from nopelab.probing.pipeline import probe_model
 from nopelab.runtime.device import resolve_device
@@ -78,10 +83,10 @@ class Settings:
     workers: int  # models trained and probed at once
 
 
-def settings(scale: str, seed: int, device: str) -> Settings:
+def settings(scale: str, seed: int, device: str, corpus: str = "default") -> Settings:
     s = SCALES[scale]
     resolve_device(device)
-    runs = lm_runs(POS_ENCODINGS, s["model"], s["train"], seed, device)
+    runs = lm_runs(POS_ENCODINGS, s["model"], s["train"], seed, device, corpus=corpus)
     p = s["probe"]
     analysis = AnalysisConfig(
         seq_len=s["train"]["seq_len"],
@@ -267,6 +272,7 @@ def summary_text(
     ppl_table = ppl.assign(pos_encoding=ppl["pos_encoding"].map(LABELS))
     return fill(
         "haviv2022",
+        **corpus_values(first),
         **shape_values(m),
         **schedule_values(t),
         seed=t.seed,

@@ -31,6 +31,7 @@ from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import markdown_table, mean_std
+from nopelab.training.corpus import describe, load_text, split_text
 from nopelab.training.run import TrainRun
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "rope", "alibi")
@@ -98,7 +99,11 @@ def parameter_count(model: ModelConfig) -> int:
 
 
 def settings(
-    scale: str, seed: int, device: str, sizes: list[dict[str, int]] | None = None
+    scale: str,
+    seed: int,
+    device: str,
+    sizes: list[dict[str, int]] | None = None,
+    corpus: str = "default",
 ) -> Settings:
     """The scale's models; ``sizes`` (``--sizes``) replaces its list of sizes."""
     s = SCALES[scale]
@@ -115,7 +120,9 @@ def settings(
         steps = math.ceil(tokens / tokens_per_step)
         for offset in range(s["seeds"]):
             budget = {**train, "steps": steps}
-            runs = lm_runs(POS_ENCODINGS, size, budget, seed + offset, device, EVALUATIONS)
+            runs = lm_runs(
+                POS_ENCODINGS, size, budget, seed + offset, device, EVALUATIONS, corpus=corpus
+            )
             models += [Model(index, parameters, pe, seed + offset, run) for pe, run in runs.items()]
     return Settings(models, 1 if scale == "paper" else default_workers(device))
 
@@ -188,13 +195,14 @@ def run(settings: Settings, out: Path) -> None:
             "verdict": verdict,
         },
     )
-    (out / "summary.md").write_text(summary_text(models, table, gaps, published, verdict))
+    corpus_source = settings.models[0].run.corpus
+    assert corpus_source is not None  # language models
+    text = summary_text(models, table, gaps, published, verdict, corpus_source.source)
+    (out / "summary.md").write_text(text)
 
 
 def corpus_tokens(run: TrainRun) -> int:
     """Training tokens in the corpus the run trains on (bytes of its training split)."""
-    from nopelab.training.corpus import load_text, split_text
-
     corpus = run.corpus
     assert corpus is not None  # a language model's run
     train, _ = split_text(load_text(corpus.source, corpus.column), corpus.val_fraction)
@@ -289,8 +297,10 @@ def summary_text(
     gaps: pd.DataFrame,
     published: pd.DataFrame,
     verdict: dict[str, Any],
+    corpus: str = "default",
 ) -> str:
-    """``summary.md``: perplexity per size and encoding, the gaps beside Haviv's, the verdict."""
+    """``summary.md``: perplexity per size and encoding, the gaps beside Haviv's, the verdict;
+    ``corpus`` is the models' ``--corpus``."""
     seeds = int(table["seeds"].max())
     ours = table.assign(
         encoding=table["pos_encoding"].map(LABELS),
@@ -335,6 +345,7 @@ def summary_text(
     theirs_learned = published[published["pos_encoding"] == "learned"]["gap_percent"].abs()
     return fill(
         "haviv2022_sizes",
+        corpus=describe(corpus),
         seeds=f"{seeds} seed{'s' if seeds > 1 else ''}",
         budget_table=markdown_table(budget.round(2).reset_index()),
         perplexity_table=markdown_table(ours.reset_index()),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from nopelab.config import ModelConfig, TrainConfig
+    from nopelab.training.run import TrainRun
 
 
 def template(name: str) -> Template:
@@ -42,3 +43,11 @@ def schedule_values(train: TrainConfig) -> dict[str, object]:
         "lr": f"{train.lr:g}",
         "warmup": train.warmup,
     }
+
+
+def corpus_values(run: TrainRun) -> dict[str, object]:
+    """What a language model trained on, as the templates name it: ``corpus``."""
+    from nopelab.training.corpus import describe
+
+    assert run.corpus is not None  # a language model's run
+    return {"corpus": describe(run.corpus.source)}

@@ -45,8 +45,10 @@ def lm_runs(
     device: str,
     evaluations: int = 4,
     kept: int = 0,
+    corpus: str = "default",
 ) -> dict[str, TrainRun]:
-    """Byte-level language models on the embedded corpus, one per encoding, keyed by it.
+    """Byte-level language models on a corpus (an embedded one's name), one per encoding, keyed
+    by it.
 
     ``model`` and ``train_cfg`` hold a scale's ModelConfig and TrainConfig fields; each model is
     evaluated ``evaluations`` times along training, and keeps the weights of ``kept`` evenly
@@ -67,7 +69,7 @@ def lm_runs(
         pe: TrainRun(
             model=ModelConfig(**model, vocab_size=256, max_seq_len=4 * seq_len, pos_encoding=pe),
             train=cfg,
-            corpus=CorpusConfig(source="default", tokenizer="byte"),
+            corpus=CorpusConfig(source=corpus, tokenizer="byte"),
         )
         for pe in pos_encodings
     }

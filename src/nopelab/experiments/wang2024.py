@@ -42,7 +42,12 @@ import pandas as pd
 from nopelab import plots
 from nopelab.config import ATTENTION, AnalysisConfig, PosEncoding
 from nopelab.experiments.scale_files import read_scales
-from nopelab.experiments.summary_template import fill, schedule_values, shape_values
+from nopelab.experiments.summary_template import (
+    corpus_values,
+    fill,
+    schedule_values,
+    shape_values,
+)
 from nopelab.experiments.train_and_measure import lm_runs, train_into
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.breaks import COINCIDE, departure, lasting_from, order
@@ -127,13 +132,15 @@ class Settings:
     workers: int  # models trained at once
 
 
-def settings(scale: str, seed: int, device: str) -> Settings:
+def settings(scale: str, seed: int, device: str, corpus: str = "default") -> Settings:
     s = SCALES[scale]
     resolve_device(device)
     models = [
         Model(pe, seed + offset, run)
         for offset in range(s["seeds"])
-        for pe, run in lm_runs(POS_ENCODINGS, s["model"], s["train"], seed + offset, device).items()
+        for pe, run in lm_runs(
+            POS_ENCODINGS, s["model"], s["train"], seed + offset, device, corpus=corpus
+        ).items()
     ]
     measures = Measures(
         s["eval_tokens"], s["buckets"], s["samples"], tuple(s["uniform"]), s["headscale"]
@@ -518,6 +525,7 @@ def summary_text(
     shown = fixes.assign(model=fixes["model"].map(model_name))
     return fill(
         "wang2024",
+        **corpus_values(first),
         **shape_values(m),
         **schedule_values(t),
         eval_tokens=s.eval_tokens,

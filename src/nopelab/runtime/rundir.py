@@ -325,10 +325,8 @@ def _check_resumable(out: Path, marker: dict[str, Any]) -> None:
     marker = json.loads(json.dumps(marker))  # as stored: tuples become lists
     if stored != marker:
         key = next(k for k in sorted(set(stored) | set(marker)) if stored.get(k) != marker.get(k))
-        raise UserError(
-            f"--resume: {key} is {marker.get(key)!r} but the run was started with "
-            f"{stored.get(key)!r}"
-        )
+        now = f"is {marker[key]!r}" if key in marker else "is not given"
+        raise UserError(f"--resume: {key} {now} but the run was started with {stored.get(key)!r}")
     if (out / "summary.md").is_file():
         raise UserError(f"--resume: the run in {out} has already finished")
 

@@ -25,7 +25,10 @@ FIELD = "--corpus"
 SPLITS = ("train", "val")
 
 
-EMBEDDED = {"default": "web.txt.xz", "sotu": "sotu.txt.xz"}  # name -> file in nopelab/data
+EMBEDDED = {  # name -> (file in nopelab/data, what it holds)
+    "default": ("web.txt.xz", "World English Bible"),
+    "sotu": ("sotu.txt.xz", "State of the Union addresses 1790-2021"),
+}
 SOURCES = (
     "default (World English Bible), sotu (State of the Union addresses), names joined by +; "
     "a text file or a folder of .txt files; a .jsonl or .parquet file; hf:NAME[:SPLIT]"
@@ -35,7 +38,7 @@ SOURCES = (
 @functools.lru_cache(maxsize=len(EMBEDDED))
 def embedded_corpus(name: str) -> str:
     """An embedded corpus (a key of :data:`EMBEDDED`) as one string."""
-    data = resources.files("nopelab").joinpath("data", EMBEDDED[name]).read_bytes()
+    data = resources.files("nopelab").joinpath("data", EMBEDDED[name][0]).read_bytes()
     return lzma.decompress(data).decode("utf-8")
 
 
@@ -55,6 +58,14 @@ def embedded_names(source: str) -> list[str] | None:
             FIELD, f"unknown corpus name {unknown} in {source!r} (names: {', '.join(EMBEDDED)})"
         )
     return None
+
+
+def describe(source: str) -> str:
+    """What a corpus source holds, for summaries: ``"the embedded World English Bible"``, ..."""
+    names = embedded_names(source)
+    if names is None:
+        return source
+    return " followed by ".join(f"the embedded {EMBEDDED[name][1]}" for name in names)
 
 
 def load_text(source: str, column: str = "text") -> str:

@@ -50,6 +50,20 @@ def test_the_flags_name_the_parts_that_take_them() -> None:
     assert with_reuse() == ["zuo2025 --part probes"]
     assert taking("samples") == ["chi2023 --part probe-study"]
     assert taking("sizes") == ["haviv2022 --part sizes"]
+    language_models = ["chi2023 --part pretrained", "haviv2022 --part pretrained"]
+    language_models += ["haviv2022 --part sizes", "wang2024 --part lengths"]
+    assert taking("corpus") == language_models
     assert "chi2023 --part pretrained" in resumable()
     assert "real-model --part smollm2" not in resumable()
     assert "zuo2025 --part probes" in _help("models")
+
+
+@pytest.mark.parametrize("paper, name", [p.split(" --part ") for p in taking("corpus")])
+def test_every_language_model_of_a_part_trains_on_its_corpus(paper: str, name: str) -> None:
+    part = EXPERIMENTS[paper].parts[name]
+    runs = part.settings("smoke", 0, "cpu", corpus="sotu+default")
+    listed = getattr(runs, "runs", None) or {m.key: m.run for m in runs.models}
+    assert listed and {run.corpus.source for run in listed.values()} == {"sotu+default"}
+    default = part.settings("smoke", 0, "cpu")
+    listed = getattr(default, "runs", None) or {m.key: m.run for m in default.models}
+    assert {run.corpus.source for run in listed.values()} == {"default"}

@@ -8,8 +8,15 @@ from importlib import resources
 
 import pytest
 
-from nopelab.config import ModelConfig, TrainConfig
-from nopelab.experiments.summary_template import fill, schedule_values, shape_values, template
+from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
+from nopelab.experiments.summary_template import (
+    corpus_values,
+    fill,
+    schedule_values,
+    shape_values,
+    template,
+)
+from nopelab.training.run import TrainRun
 
 PACKAGE = resources.files("nopelab.experiments")
 TEMPLATES = sorted(
@@ -23,6 +30,9 @@ TEMPLATES = sorted(
 SPREAD = {
     "shape_values": set(shape_values(ModelConfig())),
     "schedule_values": set(schedule_values(TrainConfig())),
+    "corpus_values": set(
+        corpus_values(TrainRun(ModelConfig(), TrainConfig(), corpus=CorpusConfig()))
+    ),
 }
 
 
