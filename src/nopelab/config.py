@@ -337,7 +337,9 @@ class HFConfig:
     """How to load and run a Hugging Face model (``hf:PATH``)."""
 
     text: str = setting(
-        "default", "Text for --input data: default (the corpus's held-out tail), a file or folder"
+        "default",
+        "Text for --input data: an embedded corpus's name (default, sotu; its held-out tail), "
+        "a file or folder",
     )
     max_layers: int | None = setting(None, "Analyse only the first N layers", shown="all")
     trust_remote_code: bool = setting(
@@ -487,15 +489,23 @@ class TrainConfig:
         check_device(self.device)
 
 
+EMBEDDED_CORPORA: Final = {  # --corpus NAME -> (file in nopelab/data, what it holds)
+    "default": ("web.txt.xz", "World English Bible"),
+    "sotu": ("sotu.txt.xz", "State of the Union addresses 1790-2021"),
+}
+CORPUS_NAMES: Final = ", ".join(
+    f"{name} ({about})" for name, (_, about) in EMBEDDED_CORPORA.items()
+)
+
+
 @dataclass(frozen=True)
 class CorpusConfig:
     """Which text to train a language model on, and how to tokenise it."""
 
     source: str = setting(
         "default",
-        "default (World English Bible), sotu (State of the Union addresses 1790-2021), names "
-        "joined by + (sotu+default), a .txt file, a folder of .txt, .jsonl, .parquet or "
-        "hf:NAME[:SPLIT]",
+        f"{CORPUS_NAMES}, names joined by + (sotu+default), a .txt file, a folder of .txt, "
+        ".jsonl, .parquet or hf:NAME[:SPLIT]",
         flag="--corpus",
     )
     column: str = setting("text", "Text column of a .jsonl, .parquet or Hugging Face dataset")

@@ -358,7 +358,7 @@ def test_reproduce_rejects_unknown_names(tmp_path: Path, capsys, monkeypatch) ->
         (["reproduce", "zuo2025", "--part", "trained", "--corpus", "sotu"], "--corpus"),
         *(
             (["reproduce", "wang2024", "--corpus", corpus], "--corpus")
-            for corpus in ("", "bible", "sotu+", "web.txt", "sotu+default+x")
+            for corpus in ("", "bible", "sotu+", "web.txt", "sotu+default+x", "sotu+sotu")
         ),
     ):
         assert run_cli([*args, "--out", str(tmp_path / "o")], monkeypatch) == 2
@@ -371,6 +371,22 @@ def test_reproduce_rejects_unknown_names(tmp_path: Path, capsys, monkeypatch) ->
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "--resume" in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_an_option_at_its_default_is_the_same_run(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A run started without --corpus resumes with --corpus default, and the other way round."""
+    out = tmp_path / "finished"
+    out.mkdir()
+    stored = {"paper": "chi2023", "part": "pretrained", "scale": "smoke", "seed": 0}
+    (out / "reproduction.json").write_text(json.dumps({**stored, "device": "cpu"}))
+    (out / "summary.md").write_text("done")
+    argv = ["reproduce", "chi2023", "--part", "pretrained", "--scale", "smoke", "--device", "cpu"]
+    for given in ([], ["--corpus", "default"]):
+        assert run_cli([*argv, *given, "--out", str(out), "--resume"], monkeypatch) == 2
+        assert "has already finished" in capsys.readouterr().err  # the markers agreed
+    assert run_cli([*argv, "--corpus", "sotu", "--out", str(out), "--resume"], monkeypatch) == 2
+    message = "--resume: corpus is 'sotu' but the run was started without it"
+    assert message in capsys.readouterr().err
 
 
 def test_real_process_prints_no_traceback(tmp_path: Path) -> None:

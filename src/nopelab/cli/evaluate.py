@@ -65,7 +65,8 @@ def evaluate(
     text: Annotated[
         str,
         typer.Option(
-            help="Held-out text: default (the corpus's held-out tail), a file or folder",
+            help="Held-out text: an embedded corpus's name (default, sotu; its held-out tail), "
+            "a file or folder",
             rich_help_panel=HF,
         ),
     ] = "default",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import shlex
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import typer
 
 from nopelab.cli import resolve
 from nopelab.cli.app import app
+from nopelab.config import CORPUS_NAMES, EMBEDDED_CORPORA
 from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS, Part, named, parts, resumable, taking, with_reuse
 
@@ -94,8 +96,7 @@ def reproduce(
         str | None,
         typer.Option(
             help=f"{', '.join(taking('corpus'))}: the embedded corpus the language models train "
-            "on: default (World English Bible), sotu (State of the Union addresses), or names "
-            "joined by + (sotu+default) \\[default]"
+            f"on: {CORPUS_NAMES}, or names joined by + (sotu+default) \\[default]"
         ),
     ] = None,
 ) -> None:
@@ -139,8 +140,10 @@ def reproduce(
             runner.run(settings, staging)
         typer.echo(f"wrote {out}; see {out / 'summary.md'}")
         return
+    defaults = inspect.signature(runner.settings).parameters  # an option at its default: unsaid
+    said = {k: v for k, v in options.items() if v != defaults[k].default}
     marker: dict[str, object] = {
-        "paper": paper, "part": part, "scale": scale, "seed": seed, "device": device, **options
+        "paper": paper, "part": part, "scale": scale, "seed": seed, "device": device, **said
     }  # fmt: skip
     if models is not None:
         marker["models"] = str(settings.models)
@@ -171,14 +174,15 @@ def _counts(flag: str, text: str) -> tuple[int, ...]:
 
 def _corpus(flag: str, text: str) -> str:
     """An embedded corpus's name, or names joined by ``+``: what a reproduction trains on."""
-    from nopelab.training.corpus import EMBEDDED
-
-    unknown = [name for name in text.split("+") if name not in EMBEDDED]
+    names = text.split("+")
+    unknown = [name for name in names if name not in EMBEDDED_CORPORA]
     if unknown:
         raise UserError(
             f"{flag}: unknown corpus {', '.join(map(repr, unknown))}; allowed: "
-            f"{', '.join(EMBEDDED)}, or names joined by + (e.g. sotu+default)"
+            f"{', '.join(EMBEDDED_CORPORA)}, or names joined by + (e.g. sotu+default)"
         )
+    if len(set(names)) < len(names):
+        raise UserError(f"{flag}: {text!r} names a corpus twice; name each corpus once")
     return text
 
 

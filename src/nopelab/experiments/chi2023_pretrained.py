@@ -1,6 +1,7 @@
 """Chi et al. 2023, pretrained: does the variance shrinkage survive language-model training?
 
-A NoPE language model is trained on the embedded corpus (World English Bible, byte-level), next
+A NoPE language model is trained on an embedded corpus (``--corpus``; by default the World English
+Bible; byte-level), next
 to a learned-PE and a RoPE model trained the same way. Each is analysed at init and after
 training on the same held-out text windows: per-layer variance against position, and
 perplexity at the training length, 2x and 4x it. Each model keeps its weights at every

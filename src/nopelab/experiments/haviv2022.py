@@ -1,7 +1,8 @@
 """Haviv et al. 2022: language models without positional encodings still learn position.
 
 Byte-level language models with no positional encoding (NoPE), a learned table, fixed
-sinusoids and ALiBi are trained the same way on the embedded corpus (World English Bible).
+sinusoids and ALiBi are trained the same way on an embedded corpus (``--corpus``; by default the
+World English Bible).
 For each we report held-out perplexity, then freeze it and probe every layer's output for
 absolute position: a linear and a one-hidden-layer MLP classifier over the T positions
 (cross-entropy), scored by the mean absolute distance (MAD) |target − argmax| on held-out

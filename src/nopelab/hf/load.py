@@ -28,10 +28,10 @@ from nopelab.config import AnalysisConfig
 from nopelab.errors import ConfigError, first_line
 from nopelab.hf.sites import HFModel, architecture, check_max_layers, check_sites
 from nopelab.limits import available_memory, check_statistics
-from nopelab.training.corpus import TokenStream, default_corpus, load_text
+from nopelab.training.corpus import TokenStream, embedded_names, load_text
 
 FIELD = "model"
-TAIL = 0.05  # share of the default corpus that nopelab's own LMs never train on
+TAIL = 0.05  # share of an embedded corpus that nopelab's own LMs never train on
 GGUF_PEAK = 2.5  # peak memory while dequantising, in multiples of the float32 weights
 LOAD_PEAK = 1.5
 
@@ -182,14 +182,14 @@ def load_model(
 
 
 class TextWindows:
-    """Random windows of text in the model's own tokens: the default corpus's held-out tail
+    """Random windows of text in the model's own tokens: an embedded corpus's held-out tail
     (the share nopelab's own LMs never train on), or all of a user's text."""
 
     vocab_size: int
 
     def __init__(self, tokenizer: Any, text: str = "default"):
-        if text == "default":
-            corpus = default_corpus()
+        if embedded_names(text) is not None:
+            corpus = load_text(text)
             body = corpus[-int(len(corpus) * TAIL) :]
         else:
             body = load_text(text)

@@ -326,7 +326,8 @@ def _check_resumable(out: Path, marker: dict[str, Any]) -> None:
     if stored != marker:
         key = next(k for k in sorted(set(stored) | set(marker)) if stored.get(k) != marker.get(k))
         now = f"is {marker[key]!r}" if key in marker else "is not given"
-        raise UserError(f"--resume: {key} {now} but the run was started with {stored.get(key)!r}")
+        then = f"with {stored[key]!r}" if key in stored else "without it"
+        raise UserError(f"--resume: {key} {now} but the run was started {then}")
     if (out / "summary.md").is_file():
         raise UserError(f"--resume: the run in {out} has already finished")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import lzma
+import re
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -19,20 +20,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nopelab.config import CORPUS_NAMES
+from nopelab.config import EMBEDDED_CORPORA as EMBEDDED
 from nopelab.errors import ConfigError, first_line
 
 FIELD = "--corpus"
 SPLITS = ("train", "val")
 
 
-EMBEDDED = {  # name -> (file in nopelab/data, what it holds)
-    "default": ("web.txt.xz", "World English Bible"),
-    "sotu": ("sotu.txt.xz", "State of the Union addresses 1790-2021"),
-}
 SOURCES = (
-    "default (World English Bible), sotu (State of the Union addresses), names joined by +; "
-    "a text file or a folder of .txt files; a .jsonl or .parquet file; hf:NAME[:SPLIT]"
+    f"{CORPUS_NAMES}, names joined by +; a text file or a folder of .txt files; a .jsonl or "
+    ".parquet file; hf:NAME[:SPLIT]"
 )
+_BARE = re.compile(r"[a-z0-9_]*")  # what a part of a join of names looks like
 
 
 @functools.lru_cache(maxsize=len(EMBEDDED))
@@ -48,16 +48,27 @@ def default_corpus() -> str:
 
 
 def embedded_names(source: str) -> list[str] | None:
-    """The names of ``source`` if it is an embedded corpus or a ``+``-join of them, else None."""
+    """The names of ``source`` if it is an embedded corpus or a ``+``-join of them, else None
+    (a file, a folder or ``hf:``; a name wins over a file of that name, which ``./NAME`` reads).
+    A join of bare names with an unknown or repeated one raises :class:`ConfigError`."""
+    if source.startswith("hf:"):
+        return None
     names = source.split("+")
-    if all(name in EMBEDDED for name in names):
-        return names
-    if "+" in source and not Path(source).expanduser().exists():
-        unknown = ", ".join(repr(n) for n in names if n not in EMBEDDED)
+    if len(names) == 1:
+        return names if source in EMBEDDED else None
+    if not all(_BARE.fullmatch(name) for name in names) or Path(source).expanduser().exists():
+        return None  # a path such as c++.txt
+    unknown = [name for name in names if name not in EMBEDDED]
+    if unknown:
         raise ConfigError(
-            FIELD, f"unknown corpus name {unknown} in {source!r} (names: {', '.join(EMBEDDED)})"
+            FIELD,
+            f"unknown corpus name {', '.join(map(repr, unknown))} in {source!r} "
+            f"(names: {', '.join(EMBEDDED)})",
         )
-    return None
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated is not None:  # its held-out tail would be training text too
+        raise ConfigError(FIELD, f"{repeated!r} appears twice in {source!r}; name each corpus once")
+    return names
 
 
 def describe(source: str) -> str:

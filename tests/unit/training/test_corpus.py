@@ -19,6 +19,7 @@ from nopelab.errors import ConfigError
 from nopelab.training.corpus import (
     TokenStream,
     default_corpus,
+    describe,
     embedded_corpus,
     load_text,
     split_text,
@@ -60,6 +61,27 @@ def test_joined_names_keep_their_order_and_hold_out_the_last() -> None:
     train, val = split_text(joined)
     assert web.endswith(val) and train.startswith(sotu)  # the tail is the last-named corpus's
     assert bpe_cache_dir("sotu+default") is None and bpe_cache_dir("sotu") is None
+
+
+def test_describe_names_what_a_source_holds() -> None:
+    assert describe("default") == "the embedded World English Bible"
+    both = "the embedded State of the Union addresses 1790-2021 followed by the embedded World"
+    assert describe("sotu+default") == both + " English Bible"
+    assert describe("my/notes.txt") == "my/notes.txt"
+
+
+def test_a_corpus_named_twice_is_refused() -> None:  # its held-out tail would be trained on
+    for source in ("sotu+sotu", "default+sotu+default"):
+        with pytest.raises(ConfigError, match=r"^--corpus: '\w+' appears twice in"):
+            load_text(source)
+
+
+@pytest.mark.parametrize("source", ["data/c++.txt", "my+notes.txt", "sotu+default/x"])
+def test_a_missing_path_with_a_plus_is_a_missing_path(source: str) -> None:
+    with pytest.raises(
+        ConfigError, match=f"^--corpus: no such file or folder: {re.escape(source)} "
+    ):
+        load_text(source)
 
 
 @pytest.mark.parametrize("source", ["sotu+bible", "default+", "+sotu"])
@@ -184,7 +206,12 @@ def test_hf_source_reads_the_named_split_and_column(monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(sys.modules, "datasets", SimpleNamespace(load_dataset=load_dataset))
     assert load_text("hf:user/data") == "first\nsecond"
     assert load_text("hf:user/data:validation") == "first\nsecond"
-    assert calls == [("user/data", "train"), ("user/data", "validation")]
+    assert load_text("hf:user/data:train+validation") == "first\nsecond"  # not a join of names
+    assert calls == [
+        ("user/data", "train"),
+        ("user/data", "validation"),
+        ("user/data", "train+validation"),
+    ]
     with pytest.raises(ConfigError, match=r"has no column 'body' \(columns: text, label\)"):
         load_text("hf:user/data", column="body")
     with pytest.raises(ConfigError, match=r"\(offline\?\): Couldn't reach the hub$"):
