@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import html
 import io
 import lzma
@@ -148,15 +149,21 @@ def main() -> None:
             extract_deb(root, Path(tmp))
             root = Path(tmp)
         text = build(find_module(root))
+    print(write_text(text, args.output))
+
+
+def write_text(text: str, output: Path) -> str:
+    """Write ``text`` as UTF-8 to ``output`` (xz-compressed if it ends in ``.xz``); a report."""
     raw = text.encode("utf-8")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    if args.output.suffix == ".xz":
-        args.output.write_bytes(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if output.suffix == ".xz":
+        output.write_bytes(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME))
     else:
-        args.output.write_bytes(raw)
-    print(
-        f"{args.output}: {len(raw):,} bytes of text, {len(text.split()):,} words, "
-        f"{text.count(chr(10)):,} lines, {args.output.stat().st_size:,} bytes written"
+        output.write_bytes(raw)
+    return (
+        f"{output}: {len(raw):,} bytes of text, {len(text.split()):,} words, "
+        f"{text.count(chr(10)):,} lines, {output.stat().st_size:,} bytes written, "
+        f"SHA-256 of the text {hashlib.sha256(raw).hexdigest()}"
     )
 
 

@@ -15,11 +15,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import hashlib
-import lzma
 import re
 import tarfile
 from pathlib import Path
+
+from build_corpus import write_text  # this folder is on the path when a script runs
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "src" / "nopelab" / "data" / "sotu.txt.xz"
 ADDRESS = re.compile(r"(?:^|/)data/\d{4}_[a-z0-9_]+\.txt$")
@@ -63,17 +63,7 @@ def main() -> None:
     read = addresses_from_folder if source.is_dir() else addresses_from_tarball
     addresses = read(source)
     text = build(addresses)
-    raw = text.encode("utf-8")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    if args.output.suffix == ".xz":
-        args.output.write_bytes(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME))
-    else:
-        args.output.write_bytes(raw)
-    print(
-        f"{args.output}: {len(addresses)} addresses, {len(raw):,} bytes of text, "
-        f"{len(text.split()):,} words, {args.output.stat().st_size:,} bytes written, "
-        f"SHA-256 of the text {hashlib.sha256(raw).hexdigest()}"
-    )
+    print(f"{len(addresses)} addresses; {write_text(text, args.output)}")
 
 
 if __name__ == "__main__":
