@@ -12,7 +12,7 @@ import typer
 
 from nopelab.cli import resolve
 from nopelab.cli.app import app
-from nopelab.config import CORPUS_NAMES, EMBEDDED_CORPORA
+from nopelab.config import CORPUS_NAMES
 from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS, Part, named, parts, resumable, taking, with_reuse
 
@@ -174,15 +174,13 @@ def _counts(flag: str, text: str) -> tuple[int, ...]:
 
 def _corpus(flag: str, text: str) -> str:
     """An embedded corpus's name, or names joined by ``+``: what a reproduction trains on."""
-    names = text.split("+")
-    unknown = [name for name in names if name not in EMBEDDED_CORPORA]
-    if unknown:
+    from nopelab.training.corpus import embedded_names  # raises for an unknown or repeated name
+
+    if embedded_names(text) is None:
         raise UserError(
-            f"{flag}: unknown corpus {', '.join(map(repr, unknown))}; allowed: "
-            f"{', '.join(EMBEDDED_CORPORA)}, or names joined by + (e.g. sotu+default)"
+            f"{flag}: {text!r} is not an embedded corpus; allowed: {CORPUS_NAMES}, or names "
+            "joined by + (e.g. sotu+default)"
         )
-    if len(set(names)) < len(names):
-        raise UserError(f"{flag}: {text!r} names a corpus twice; name each corpus once")
     return text
 
 
