@@ -42,11 +42,6 @@ def embedded_corpus(name: str) -> str:
     return lzma.decompress(data).decode("utf-8")
 
 
-def default_corpus() -> str:
-    """The embedded default corpus (World English Bible) as one string."""
-    return embedded_corpus("default")
-
-
 def embedded_names(source: str) -> list[str] | None:
     """The names of ``source`` if it is an embedded corpus or a ``+``-join of them, else None
     (a file, a folder or ``hf:``; a name wins over a file of that name, which ``./NAME`` reads).

@@ -18,7 +18,6 @@ from nopelab.config import CorpusConfig
 from nopelab.errors import ConfigError
 from nopelab.training.corpus import (
     TokenStream,
-    default_corpus,
     describe,
     embedded_corpus,
     load_text,
@@ -29,7 +28,7 @@ from nopelab.training.tokenizer import get_tokenizer
 
 
 def test_default_corpus() -> None:
-    text = default_corpus()
+    text = embedded_corpus("default")
     assert len(text.encode("utf-8")) > 4_000_000
     assert 850_000 < len(text.split()) < 1_000_000
     lines = text.splitlines()
@@ -55,7 +54,7 @@ def test_sotu_corpus() -> None:
 
 
 def test_joined_names_keep_their_order_and_hold_out_the_last() -> None:
-    web, sotu = default_corpus(), embedded_corpus("sotu")
+    web, sotu = embedded_corpus("default"), embedded_corpus("sotu")
     joined = load_text("sotu+default")
     assert joined == sotu + web  # each ends in a newline already
     train, val = split_text(joined)

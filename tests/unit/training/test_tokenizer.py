@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from nopelab.errors import ConfigError
 from nopelab.training import tokenizer as tok
-from nopelab.training.corpus import default_corpus
+from nopelab.training.corpus import embedded_corpus
 from nopelab.training.tokenizer import (
     BPETokenizer,
     ByteTokenizer,
@@ -24,7 +24,7 @@ SAMPLE = "naïve café — “quoted” 日本語 🙂\n\tline two\r\n  spaces  
 
 @pytest.fixture(scope="module")
 def train_text() -> str:
-    return default_corpus()[:100_000]
+    return embedded_corpus("default")[:100_000]
 
 
 @pytest.fixture(scope="module")
