@@ -482,6 +482,7 @@ def test_haviv2022_sizes_smoke_and_its_resume(
     assert set(summary["verdict"]["gap_with_size"]) == {"learned", "sinusoidal", "rope", "alibi"}
     text = (out / "summary.md").read_text()
     assert "Haviv et al., Table 2" in text and "| RoPE |" in text and "one seed" in text
+    assert "language models on the embedded World English Bible, one per size" in text
     for name in ("sizes.png", "curves.png"):
         assert (out / name).stat().st_size > 0
 

@@ -25,13 +25,13 @@ from nopelab import plots
 from nopelab.config import ModelConfig, PosEncoding
 from nopelab.errors import ConfigError
 from nopelab.experiments.scale_files import read_scales
-from nopelab.experiments.summary_template import fill
+from nopelab.experiments.summary_template import corpus_values, fill
 from nopelab.experiments.train_and_measure import lm_runs, train_into
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import markdown_table, mean_std
-from nopelab.training.corpus import describe, load_text, split_text
+from nopelab.training.corpus import load_text, split_text
 from nopelab.training.run import TrainRun
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "rope", "alibi")
@@ -195,9 +195,7 @@ def run(settings: Settings, out: Path) -> None:
             "verdict": verdict,
         },
     )
-    corpus_source = settings.models[0].run.corpus
-    assert corpus_source is not None  # language models
-    text = summary_text(models, table, gaps, published, verdict, corpus_source.source)
+    text = summary_text(models, table, gaps, published, verdict, settings.models[0].run)
     (out / "summary.md").write_text(text)
 
 
@@ -297,10 +295,10 @@ def summary_text(
     gaps: pd.DataFrame,
     published: pd.DataFrame,
     verdict: dict[str, Any],
-    corpus: str = "default",
+    run: TrainRun,
 ) -> str:
     """``summary.md``: perplexity per size and encoding, the gaps beside Haviv's, the verdict;
-    ``corpus`` is the models' ``--corpus``."""
+    ``run`` is one of the models' runs (what they trained on)."""
     seeds = int(table["seeds"].max())
     ours = table.assign(
         encoding=table["pos_encoding"].map(LABELS),
@@ -345,7 +343,7 @@ def summary_text(
     theirs_learned = published[published["pos_encoding"] == "learned"]["gap_percent"].abs()
     return fill(
         "haviv2022_sizes",
-        corpus=describe(corpus),
+        **corpus_values(run),
         seeds=f"{seeds} seed{'s' if seeds > 1 else ''}",
         budget_table=markdown_table(budget.round(2).reset_index()),
         perplexity_table=markdown_table(ours.reset_index()),
