@@ -18,7 +18,10 @@ the per-step times in its ``metrics.csv``; ``--no-trainer`` skips them. The last
 the smaller task model of ``reproduce zuo2025 --part trained`` (d = 128, 4 layers) through the
 trainer on 2-digit ``add``, in the padded layout of its CPU recipe and in packed rows of 64
 characters, with all threads and with one (the experiment trains two one-thread models side
-by side): tokens/s and task lines/s.
+by side): tokens/s and task lines/s. The table after it times the byte-level language model of
+the LM reproductions (``chi2023 --part pretrained``, ``haviv2022``: d = 80, 3 layers, 4 heads,
+251 k parameters, batch 32 x 128 bytes of the embedded corpus) through the trainer, NoPE and
+RoPE, with one thread and with all: tokens/s.
 
 Peak: best-of-``--repeats`` GFLOP/s of fp32 ``torch.mm`` on square matrices (1024, 2048) and on
 the model's own training shapes (B*T = 2048 rows against the qkv, MLP and LM-head weights), all
@@ -58,12 +61,13 @@ glibc allocator's thresholds) and what they were measured to give: docs/performa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -73,7 +77,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nopelab.config import ModelConfig, TrainConfig
+from nopelab.config import CorpusConfig, ModelConfig, PosEncoding, TrainConfig
 from nopelab.models.transformer import Transformer
 from nopelab.training.run import TrainRun
 from nopelab.training.task_config import TaskConfig
@@ -337,15 +341,37 @@ def time_task_model(
         train=trainer_config(batch, seq_len, warmup + steps),
         task=task,
     )
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         timing = trainer_timing(run, batch, seq_len, warmup)
-    finally:
-        torch.set_num_threads(before)
     mean_line = statistics.mean(len(line.text) for line in make_splits(task, 0)[0])
     lines_per_row = 1.0 if layout == "padded" else seq_len / mean_line
     return timing, seq_len, lines_per_row
+
+
+LM_MODEL = ModelConfig(d_model=80, n_layers=3, n_heads=4, vocab_size=256, max_seq_len=512)
+
+
+def time_language_model(pos_encoding: PosEncoding, steps: int, warmup: int, threads: int) -> Timing:
+    """The byte-level LM of the LM reproductions through ``nopelab.training.train`` on the
+    embedded corpus (batch 32 x 128 bytes, lr 1e-2 as in their recipe), ``threads`` threads."""
+    run = TrainRun(
+        model=dataclasses.replace(LM_MODEL, pos_encoding=pos_encoding),
+        train=dataclasses.replace(trainer_config(32, 128, warmup + steps), lr=1e-2),
+        corpus=CorpusConfig(source="default", tokenizer="byte"),
+    )
+    with torch_threads(threads):
+        return trainer_timing(run, 32, 128, warmup)
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Run the block with ``threads`` torch threads, then restore the count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def profile_step(batch: int, seq_len: int, seed: int, impl: str, rows: int) -> None:
@@ -524,6 +550,16 @@ def main() -> None:
                     f"{layout:>7s} {batch:5d} {seq_len:3d} {threads:7d} "
                     f"{batch * seq_len / t.median:9.0f} {lines:8.0f}"
                 )
+        print(
+            "\nbyte-level LM of the LM reproductions (d = 80, 3 layers, 4 heads, batch 32 x 128 "
+            "bytes of the embedded corpus) through nopelab.training.train"
+        )
+        print(f"{'encoding':>8s} {'threads':>7s} {'tokens/s':>9s} {'others':>7s}")
+        for pos_encoding in ("none", "rope"):
+            for threads in sorted({1, torch.get_num_threads()}):
+                t = time_language_model(pos_encoding, steps, warmup, threads)
+                others = "    n/a" if t.others is None else f"{t.others:7.2f}"
+                print(f"{pos_encoding:>8s} {threads:7d} {32 * 128 / t.median:9.0f} {others}")
 
     if args.profile:
         profile_step(args.profile, args.seq_len, args.seed, args.adamw, rows=20)

@@ -579,22 +579,31 @@ def learning_curves_by_size(curves: pd.DataFrame, labels: dict[str, str], path: 
 
 
 def decay_along_training(decay: pd.DataFrame, labels: dict[str, str], path: Path) -> None:
-    """Var(attn_out) at position 1 over the last against tokens seen: a panel per layer, a
-    line per encoding (a 1/m law gives T; no decay gives 1)."""
+    """The decay of Var(attn_out) against tokens seen, a column of panels per layer, a line per
+    encoding: position 1 over the last (top; a 1/m law gives T, no decay 1) and the log-log
+    slope against position (bottom; -1 for 1/m, 0 for no decay)."""
     layers = sorted(decay["layer"].unique())
     fig, axes = _pyplot().subplots(
-        1, len(layers), figsize=(3.6 * len(layers), 3.3), squeeze=False, layout="constrained"
-    )
-    for ax, layer in zip(axes[0], layers, strict=True):
+        2, len(layers), figsize=(3.6 * len(layers), 6.2), squeeze=False, sharex=True,
+        layout="constrained",
+    )  # fmt: skip
+    for column, layer in enumerate(layers):
+        ratio, slope = axes[0][column], axes[1][column]
         rows = decay[decay["layer"] == layer]
         for i, (pe, line) in enumerate(rows.groupby("pos_encoding", sort=False)):
-            ax.plot(line["tokens"] / 1e6, line["first_over_last"], marker="o", ms=3,
-                    color=f"C{i}", label=labels.get(pe, pe))  # fmt: skip
-        ax.axhline(1, color="grey", lw=0.8)
-        ax.set(yscale="log", xlabel="tokens seen (M)", title=f"attn_out, layer {layer}")
-        _plain_log_labels(ax.yaxis)
-        ax.grid(alpha=0.3, which="both")
+            style = {"marker": "o", "ms": 3, "color": f"C{i}", "label": labels.get(pe, pe)}
+            ratio.plot(line["tokens"] / 1e6, line["first_over_last"], **style)
+            slope.plot(line["tokens"] / 1e6, line["slope"], **style)
+        ratio.axhline(1, color="grey", lw=0.8)
+        ratio.set(yscale="log", title=f"attn_out, layer {layer}")
+        _plain_log_labels(ratio.yaxis)
+        slope.axhline(-1, color="grey", lw=0.8, ls="--")
+        slope.axhline(0, color="grey", lw=0.8)
+        slope.set(xlabel="tokens seen (M)")
+        for ax in (ratio, slope):
+            ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("Var at position 1 / Var at the last")
+    axes[1][0].set_ylabel("log-log slope of Var against position")
     axes[0][0].legend(fontsize=8)
     _save(fig, path)
 

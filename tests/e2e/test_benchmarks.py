@@ -3,10 +3,13 @@ timings; this only runs the smallest piece of each that has one)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).parents[2]
 
@@ -17,3 +20,10 @@ def test_bench_long_measures_one_length() -> None:
     out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300)
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["forward_s"] > 0 and row["statistics_s"] > 0 and row["peak_mb"] > 0
+
+
+def test_bench_train_times_the_language_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    bench = importlib.import_module("bench_train")
+    timing = bench.time_language_model("none", steps=2, warmup=1, threads=1)
+    assert timing.batch == 32 and 0 < timing.best <= timing.median

@@ -387,6 +387,15 @@ def test_an_option_at_its_default_is_the_same_run(tmp_path: Path, capsys, monkey
     assert run_cli([*argv, "--corpus", "sotu", "--out", str(out), "--resume"], monkeypatch) == 2
     message = "--resume: corpus is 'sotu' but the run was started without it"
     assert message in capsys.readouterr().err
+    # --scale large trains on sotu+default: naming it is the same run, naming default is not
+    large = {**stored, "scale": "large", "device": "cpu"}
+    (out / "reproduction.json").write_text(json.dumps(large))
+    argv[argv.index("smoke")] = "large"
+    for given in ([], ["--corpus", "sotu+default"]):
+        assert run_cli([*argv, *given, "--out", str(out), "--resume"], monkeypatch) == 2
+        assert "has already finished" in capsys.readouterr().err
+    assert run_cli([*argv, "--corpus", "default", "--out", str(out), "--resume"], monkeypatch) == 2
+    assert "corpus is 'default' but the run was started without it" in capsys.readouterr().err
 
 
 def test_real_process_prints_no_traceback(tmp_path: Path) -> None:

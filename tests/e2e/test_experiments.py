@@ -224,6 +224,11 @@ def test_chi2023_pretrained_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             ends["first_over_last"], states["first_over_last"].loc[ends.index]
         )
     assert (out / "along.png").stat().st_size > 0
+    # summary.md tabulates both along training: NoPE layer 1's slope at init, as measured
+    text = (out / "summary.md").read_text()
+    slopes = text.split("The log-log slope of Var(attn_out)")[1]
+    nope_1 = along.set_index(["pos_encoding", "layer", "step"])["slope"]["none", 1, 0]
+    assert f"| NoPE | 1 | {nope_1:.2f} |" in slopes
 
     # the models ran in worker processes of one thread; one after another here, the numbers are equal
     monkeypatch.setattr(chi2023_pretrained, "default_workers", lambda device: 1)

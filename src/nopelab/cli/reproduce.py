@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import shlex
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from nopelab.config import CORPUS_NAMES
 from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS, Part, named, parts, resumable, taking, with_reuse
 
-SCALES = ("smoke", "small", "medium", "paper")  # in --help's order
+SCALES = ("smoke", "small", "medium", "large", "paper")  # in --help's order
 
 
 def _help() -> dict[str, str]:
@@ -30,7 +29,9 @@ def _help() -> dict[str, str]:
         for paper, e in EXPERIMENTS.items()
     )
     scales = {s for _, _, part in parts() for s in part.scales}
-    at = {s: _compact([p for p in parts() if s in p[2].scales]) for s in ("medium", "paper")}
+    at = {
+        s: _compact([p for p in parts() if s in p[2].scales]) for s in ("medium", "large", "paper")
+    }
     fixed = " and ".join(named([p for p in parts() if not p[2].resumable]))
     return {
         "paper": " | ".join(EXPERIMENTS),
@@ -38,6 +39,8 @@ def _help() -> dict[str, str]:
         "scale": " | ".join(s for s in SCALES if s in scales)
         + ". smoke: a check in seconds; small (the default): a CPU's budget; medium (language "
         f"models trained on 12-18 M tokens, Zuo's task lengths, more seeds): {at['medium']}; "
+        "large (language models near convergence: 59.7 M tokens of sotu+default, hours): "
+        f"{at['large']}; "
         f"paper (the papers' sizes, GPU advised): {at['paper']}",
         "resume": f"Continue an interrupted run in --out (all parts but {fixed}): finished "
         "models are kept, an interrupted one continues from its checkpoint",
@@ -96,7 +99,8 @@ def reproduce(
         str | None,
         typer.Option(
             help=f"{', '.join(taking('corpus'))}: the embedded corpus the language models train "
-            f"on: {CORPUS_NAMES}, or names joined by + (sotu+default) \\[default]"
+            f"on: {CORPUS_NAMES}, or names joined by + (sotu+default) \\[default; sotu+default at "
+            "--scale large]"
         ),
     ] = None,
 ) -> None:
@@ -140,8 +144,10 @@ def reproduce(
             runner.run(settings, staging)
         typer.echo(f"wrote {out}; see {out / 'summary.md'}")
         return
-    defaults = inspect.signature(runner.settings).parameters  # an option at its default: unsaid
-    said = {k: v for k, v in options.items() if v != defaults[k].default}
+    unsaid = runner.settings(scale, seed, device)  # an option that changes nothing is unsaid
+    said = {
+        k: v for k, v in options.items() if runner.settings(scale, seed, device, **{k: v}) != unsaid
+    }
     marker: dict[str, object] = {
         "paper": paper, "part": part, "scale": scale, "seed": seed, "device": device, **said
     }  # fmt: skip

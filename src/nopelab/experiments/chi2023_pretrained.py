@@ -15,7 +15,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -30,6 +30,7 @@ from nopelab.experiments.summary_template import (
     shape_values,
 )
 from nopelab.experiments.train_and_measure import (
+    CorpusScale,
     Trained,
     kept_checkpoints,
     lm_runs,
@@ -52,7 +53,7 @@ POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "rope")
 LABELS = {"none": "NoPE", "learned": "learned", "rope": "RoPE"}
 
 
-class Scale(TypedDict):
+class Scale(CorpusScale):
     model: dict[str, Any]  # ModelConfig fields
     train: dict[str, Any]  # TrainConfig fields
     samples: int  # held-out text windows analysed
@@ -69,8 +70,9 @@ class Settings:
     workers: int  # models trained at once
 
 
-def settings(scale: str, seed: int, device: str, corpus: str = "default") -> Settings:
+def settings(scale: str, seed: int, device: str, corpus: str | None = None) -> Settings:
     s = SCALES[scale]
+    corpus = corpus or s.get("corpus", "default")  # the scale's, unless --corpus is given
     resolve_device(device)
     runs = lm_runs(
         POS_ENCODINGS, s["model"], s["train"], seed, device, kept=s["checkpoints"], corpus=corpus
@@ -193,14 +195,16 @@ def summary_text(
         perplexity_table=markdown_table(ppl, ".3f"),
         variance_table=markdown_table(nope.reset_index(), ".3g"),
         checkpoints=decay["step"].nunique() - 1,
-        along_table=markdown_table(_along_table(decay), ".3g"),
+        along_table=markdown_table(_along_table(decay, "first_over_last"), ".3g"),
+        slope_table=markdown_table(_along_table(decay, "slope"), ".2f"),
     )
 
 
-def _along_table(decay: pd.DataFrame) -> pd.DataFrame:
-    """First over last per encoding and layer (rows) at each step kept (columns: tokens)."""
+def _along_table(decay: pd.DataFrame, value: str) -> pd.DataFrame:
+    """``value`` (``first_over_last`` or ``slope``) per encoding and layer (rows) at each step
+    kept (columns: tokens)."""
     table = decay.assign(encoding=decay["pos_encoding"].map(LABELS)).pivot(
-        index=["encoding", "layer"], columns="tokens", values="first_over_last"
+        index=["encoding", "layer"], columns="tokens", values=value
     )
     table = table.reindex([LABELS[pe] for pe in POS_ENCODINGS], level="encoding")
     table.columns = [f"{tokens / 1e6:.2g} M" for tokens in table.columns]

@@ -32,7 +32,7 @@ from nopelab.experiments.summary_template import (
     schedule_values,
     shape_values,
 )
-from nopelab.experiments.train_and_measure import lm_runs, perplexity_row, train_into
+from nopelab.experiments.train_and_measure import CorpusScale, lm_runs, perplexity_row, train_into
 from nopelab.probing.pipeline import probe_model
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
@@ -67,7 +67,7 @@ class ProbeScale(TypedDict):
     batch_size: int
 
 
-class Scale(TypedDict):
+class Scale(CorpusScale):
     model: dict[str, Any]  # ModelConfig fields
     train: dict[str, Any]  # TrainConfig fields
     probe: ProbeScale
@@ -84,8 +84,9 @@ class Settings:
     workers: int  # models trained and probed at once
 
 
-def settings(scale: str, seed: int, device: str, corpus: str = "default") -> Settings:
+def settings(scale: str, seed: int, device: str, corpus: str | None = None) -> Settings:
     s = SCALES[scale]
+    corpus = corpus or s.get("corpus", "default")  # the scale's, unless --corpus is given
     resolve_device(device)
     runs = lm_runs(POS_ENCODINGS, s["model"], s["train"], seed, device, corpus=corpus)
     p = s["probe"]

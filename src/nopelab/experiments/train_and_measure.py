@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from nopelab.config import (
     AnalysisConfig,
@@ -35,6 +35,13 @@ from nopelab.training.run import TrainRun, read_run
 from nopelab.training.train import load_trained, make_source, train
 
 PERPLEXITY_LENGTHS = ("perplexity", "perplexity_2x", "perplexity_4x")
+
+
+class CorpusScale(TypedDict, total=False):
+    """The optional key of an LM part's scale table: the embedded corpus the scale trains on
+    unless ``--corpus`` names one (``default`` where the table has none)."""
+
+    corpus: str
 
 
 def lm_runs(
