@@ -349,6 +349,7 @@ def time_task_model(
 
 
 LM_MODEL = ModelConfig(d_model=80, n_layers=3, n_heads=4, vocab_size=256, max_seq_len=512)
+LM_BATCH, LM_SEQ_LEN = 32, 128
 
 
 def time_language_model(pos_encoding: PosEncoding, steps: int, warmup: int, threads: int) -> Timing:
@@ -356,11 +357,11 @@ def time_language_model(pos_encoding: PosEncoding, steps: int, warmup: int, thre
     embedded corpus (batch 32 x 128 bytes, lr 1e-2 as in their recipe), ``threads`` threads."""
     run = TrainRun(
         model=dataclasses.replace(LM_MODEL, pos_encoding=pos_encoding),
-        train=dataclasses.replace(trainer_config(32, 128, warmup + steps), lr=1e-2),
+        train=dataclasses.replace(trainer_config(LM_BATCH, LM_SEQ_LEN, warmup + steps), lr=1e-2),
         corpus=CorpusConfig(source="default", tokenizer="byte"),
     )
     with torch_threads(threads):
-        return trainer_timing(run, 32, 128, warmup)
+        return trainer_timing(run, LM_BATCH, LM_SEQ_LEN, warmup)
 
 
 @contextlib.contextmanager
@@ -527,13 +528,7 @@ def main() -> None:
             print(label)
         for t in timings:
             print_row(t, args.seq_len, flops.per_token, peak)
-    busy = [t for t in rows + trainer_rows if t.others is not None and t.others > 0.1]
-    if busy:
-        print(
-            "'others': CPU cores that other processes used while that row was timed; "
-            f"{len(busy)} row(s) above 0.1 were slowed by them: rerun on an idle machine."
-        )
-
+    lm_rows: list[Timing] = []
     if not args.no_trainer and args.device == "cpu" and args.precision == "float32":
         print(
             "\nzuo2025 trained task model (NoPE, d = 128, 4 layers, 4 heads) through "
@@ -558,8 +553,17 @@ def main() -> None:
         for pos_encoding in ("none", "rope"):
             for threads in sorted({1, torch.get_num_threads()}):
                 t = time_language_model(pos_encoding, steps, warmup, threads)
+                lm_rows.append(t)
                 others = "    n/a" if t.others is None else f"{t.others:7.2f}"
-                print(f"{pos_encoding:>8s} {threads:7d} {32 * 128 / t.median:9.0f} {others}")
+                tokens = LM_BATCH * LM_SEQ_LEN / t.median
+                print(f"{pos_encoding:>8s} {threads:7d} {tokens:9.0f} {others}")
+
+    busy = [t for t in rows + trainer_rows + lm_rows if t.others is not None and t.others > 0.1]
+    if busy:
+        print(
+            "'others': CPU cores that other processes used while that row was timed; "
+            f"{len(busy)} row(s) above 0.1 were slowed by them: rerun on an idle machine."
+        )
 
     if args.profile:
         profile_step(args.profile, args.seq_len, args.seed, args.adamw, rows=20)

@@ -385,7 +385,7 @@ def test_an_option_at_its_default_is_the_same_run(tmp_path: Path, capsys, monkey
         assert run_cli([*argv, *given, "--out", str(out), "--resume"], monkeypatch) == 2
         assert "has already finished" in capsys.readouterr().err  # the markers agreed
     assert run_cli([*argv, "--corpus", "sotu", "--out", str(out), "--resume"], monkeypatch) == 2
-    message = "--resume: corpus is 'sotu' but the run was started without it"
+    message = "--resume: corpus is 'sotu' but the run was started with the scale's own"
     assert message in capsys.readouterr().err
     # --scale large trains on sotu+default: naming it is the same run, naming default is not
     large = {**stored, "scale": "large", "device": "cpu"}
@@ -395,7 +395,36 @@ def test_an_option_at_its_default_is_the_same_run(tmp_path: Path, capsys, monkey
         assert run_cli([*argv, *given, "--out", str(out), "--resume"], monkeypatch) == 2
         assert "has already finished" in capsys.readouterr().err
     assert run_cli([*argv, "--corpus", "default", "--out", str(out), "--resume"], monkeypatch) == 2
-    assert "corpus is 'default' but the run was started without it" in capsys.readouterr().err
+    assert (
+        "corpus is 'default' but the run was started with the scale's own"
+        in capsys.readouterr().err
+    )
+
+
+def test_fewer_samples_resume_where_the_scales_own_would_not_fit(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """--samples under a scale whose own counts this machine refuses: the run is the one with the
+    given counts (stored in its marker), and resuming it with them is the same run."""
+    from nopelab.errors import UserError
+    from nopelab.experiments import chi2023_probe_study
+
+    real = chi2023_probe_study.check_memory
+
+    def small_only(study: chi2023_probe_study.Settings) -> None:
+        if max(study.samples) > 4:
+            raise UserError("--samples: too many for this machine")
+        real(study)
+
+    monkeypatch.setattr(chi2023_probe_study, "check_memory", small_only)
+    out = tmp_path / "finished"
+    out.mkdir()
+    stored = {"paper": "chi2023", "part": "probe-study", "scale": "smoke", "seed": 0}
+    (out / "reproduction.json").write_text(json.dumps({**stored, "device": "cpu", "samples": [4]}))
+    (out / "summary.md").write_text("done")
+    argv = ["reproduce", "chi2023", "--part", "probe-study", "--scale", "smoke", "--device", "cpu"]
+    assert run_cli([*argv, "--samples", "4", "--out", str(out), "--resume"], monkeypatch) == 2
+    assert "has already finished" in capsys.readouterr().err
 
 
 def test_real_process_prints_no_traceback(tmp_path: Path) -> None:

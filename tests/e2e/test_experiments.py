@@ -266,7 +266,7 @@ def test_a_reproduction_trains_on_the_corpus_it_is_given(
     with pytest.raises(SystemExit) as info:
         reproduce(["chi2023", "--part", "pretrained", "--out", str(out), "--resume"], monkeypatch)
     assert info.value.code == 2
-    message = "--resume: corpus is not given but the run was started with 'sotu+default'"
+    message = "--resume: corpus is the scale's own but the run was started with 'sotu+default'"
     assert message in capsys.readouterr().err
 
 

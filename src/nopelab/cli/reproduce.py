@@ -47,6 +47,19 @@ def _help() -> dict[str, str]:
     }
 
 
+def _scale_corpora() -> str:
+    """The corpus the language-model parts train on unless --corpus names one: ``default``, and
+    where a scale names its own, which and where (``sotu+default at large: chi2023 pretrained``)."""
+    own: dict[tuple[str, str], list[tuple[str, str, Part]]] = {}
+    for paper, name, part in parts():
+        for scale in part.scales if "corpus" in part.options else ():
+            if corpus := part.scale_table(scale).get("corpus"):
+                own.setdefault((corpus, scale), []).append((paper, name, part))
+    return "; ".join(
+        ["default", *(f"{c} at --scale {s}: {_compact(found)}" for (c, s), found in own.items())]
+    )
+
+
 def _compact(found: list[tuple[str, str, Part]]) -> str:
     """Parts grouped by paper: ``chi2023 pretrained, zuo2025 trained/probes, wang2024``."""
     by_paper: dict[str, list[str]] = {}
@@ -99,8 +112,7 @@ def reproduce(
         str | None,
         typer.Option(
             help=f"{', '.join(taking('corpus'))}: the embedded corpus the language models train "
-            f"on: {CORPUS_NAMES}, or names joined by + (sotu+default) \\[default; sotu+default at "
-            "--scale large]"
+            f"on: {CORPUS_NAMES}, or names joined by + (sotu+default) \\[{_scale_corpora()}]"
         ),
     ] = None,
 ) -> None:
@@ -144,10 +156,7 @@ def reproduce(
             runner.run(settings, staging)
         typer.echo(f"wrote {out}; see {out / 'summary.md'}")
         return
-    unsaid = runner.settings(scale, seed, device)  # an option that changes nothing is unsaid
-    said = {
-        k: v for k, v in options.items() if runner.settings(scale, seed, device, **{k: v}) != unsaid
-    }
+    said = _said(runner, scale, seed, device, options)
     marker: dict[str, object] = {
         "paper": paper, "part": part, "scale": scale, "seed": seed, "device": device, **said
     }  # fmt: skip
@@ -166,6 +175,20 @@ def reproduce(
             )
             sys.exit(130)
     typer.echo(f"wrote {out}; see {out / 'summary.md'}")
+
+
+def _said(runner: Part, scale: str, seed: int, device: str, options: dict) -> dict:
+    """The options that change the run: one equal to the scale's own is left out of the run's
+    marker, so that giving it or not is the same run on resume."""
+    try:
+        unsaid = runner.settings(scale, seed, device)
+        return {
+            k: v
+            for k, v in options.items()
+            if runner.settings(scale, seed, device, **{k: v}) != unsaid
+        }
+    except UserError:  # the scale's own values are refused here (e.g. too big for this machine)
+        return options
 
 
 def _counts(flag: str, text: str) -> tuple[int, ...]:

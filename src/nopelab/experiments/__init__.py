@@ -20,10 +20,10 @@ from typing import Any
 
 
 @functools.cache
-def scale_names(file: str) -> tuple[str, ...]:
+def scale_tables(file: str) -> dict[str, dict[str, Any]]:
     """The tables of ``scales/FILE.toml``, in order."""
     text = resources.files(__name__).joinpath("scales", f"{file}.toml").read_text()
-    return tuple(tomllib.loads(text))
+    return tomllib.loads(text)
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,14 @@ class Part:
     options: tuple[str, ...] = ()
     reuses_models: bool = False
 
+    def scale_table(self, scale: str) -> dict[str, Any]:
+        """The settings of one of its scales, as its scale file holds them."""
+        return scale_tables(self.scale_file or self.module)[scale]
+
     @property
     def scales(self) -> tuple[str, ...]:
         """The scales this part runs at, in its scale file's order."""
-        tables = scale_names(self.scale_file or self.module)
+        tables = scale_tables(self.scale_file or self.module)
         return tuple(s for s in tables if not self.only_scales or s in self.only_scales)
 
     def code(self) -> ModuleType:

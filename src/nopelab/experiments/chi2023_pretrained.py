@@ -1,7 +1,7 @@
 """Chi et al. 2023, pretrained: does the variance shrinkage survive language-model training?
 
 A NoPE language model is trained on an embedded corpus (``--corpus``; by default the World English
-Bible; byte-level), next
+Bible, at ``large`` both embedded corpora; byte-level), next
 to a learned-PE and a RoPE model trained the same way. Each is analysed at init and after
 training on the same held-out text windows: per-layer variance against position, and
 perplexity at the training length, 2x and 4x it. Each model keeps its weights at every
@@ -72,7 +72,7 @@ class Settings:
 
 def settings(scale: str, seed: int, device: str, corpus: str | None = None) -> Settings:
     s = SCALES[scale]
-    corpus = corpus or s.get("corpus", "default")  # the scale's, unless --corpus is given
+    corpus = s.get("corpus", "default") if corpus is None else corpus  # --corpus, or the scale's
     resolve_device(device)
     runs = lm_runs(
         POS_ENCODINGS, s["model"], s["train"], seed, device, kept=s["checkpoints"], corpus=corpus

@@ -2,7 +2,7 @@
 
 Byte-level language models with no positional encoding (NoPE), a learned table, fixed
 sinusoids and ALiBi are trained the same way on an embedded corpus (``--corpus``; by default the
-World English Bible).
+World English Bible, at ``large`` both embedded corpora).
 For each we report held-out perplexity, then freeze it and probe every layer's output for
 absolute position: a linear and a one-hidden-layer MLP classifier over the T positions
 (cross-entropy), scored by the mean absolute distance (MAD) |target − argmax| on held-out
@@ -86,7 +86,7 @@ class Settings:
 
 def settings(scale: str, seed: int, device: str, corpus: str | None = None) -> Settings:
     s = SCALES[scale]
-    corpus = corpus or s.get("corpus", "default")  # the scale's, unless --corpus is given
+    corpus = s.get("corpus", "default") if corpus is None else corpus  # --corpus, or the scale's
     resolve_device(device)
     runs = lm_runs(POS_ENCODINGS, s["model"], s["train"], seed, device, corpus=corpus)
     p = s["probe"]

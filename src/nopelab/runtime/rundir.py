@@ -325,8 +325,8 @@ def _check_resumable(out: Path, marker: dict[str, Any]) -> None:
     marker = json.loads(json.dumps(marker))  # as stored: tuples become lists
     if stored != marker:
         key = next(k for k in sorted(set(stored) | set(marker)) if stored.get(k) != marker.get(k))
-        now = f"is {marker[key]!r}" if key in marker else "is not given"
-        then = f"with {stored[key]!r}" if key in stored else "without it"
+        now = f"is {marker[key]!r}" if key in marker else "is the scale's own"
+        then = f"with {stored[key]!r}" if key in stored else "with the scale's own"
         raise UserError(f"--resume: {key} {now} but the run was started {then}")
     if (out / "summary.md").is_file():
         raise UserError(f"--resume: the run in {out} has already finished")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import tomllib
 from importlib import resources
@@ -74,36 +75,47 @@ def _runs(settings: object) -> dict:
     return getattr(settings, "runs", None) or {m.key: m.run for m in settings.models}  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("paper, name", [p.split(" --part ") for p in taking("corpus")])
-def test_every_language_model_scale_trains_within_four_epochs_of_its_corpus(
-    paper: str, name: str
-) -> None:
-    """The recipe's bounds at every CPU scale: at most ~4 epochs of the corpus's training split
-    (its own corpus where a scale names one), and 20 tokens per parameter of the size's NoPE
-    model (19.9 at the 5 M-token floor of 1221 steps: "20 per parameter" in whole steps; every
-    encoding of a size sees the same tokens, so a learned table's rows lower its own count)."""
-    from nopelab.models.transformer import build_model
+LM_SCALES = [
+    (paper, name, scale)
+    for paper, name, part in parts()
+    if "corpus" in part.options
+    for scale in part.scales
+    if scale != "paper"
+]
+
+
+@functools.cache
+def _training_bytes(source: str, val_fraction: float) -> int:
     from nopelab.training.corpus import load_text, split_text
 
-    part = EXPERIMENTS[paper].parts[name]
-    for scale in ("small", "medium", "large"):
-        if scale not in part.scales:
-            continue
-        for run in _runs(part.settings(scale, 0, "cpu")).values():
-            tokens = run.train.steps * run.train.batch_size * run.train.seq_len
-            train_bytes = len(split_text(load_text(run.corpus.source))[0].encode())
-            assert tokens <= 4 * train_bytes, (scale, run.corpus.source, tokens / train_bytes)
-            body = dataclasses.replace(run.model, pos_encoding="none")
-            parameters = sum(p.numel() for p in build_model(body, 0).parameters())
-            assert tokens >= 19.8 * parameters, (scale, tokens / parameters)
+    return len(split_text(load_text(source), val_fraction)[0].encode())
 
 
-@pytest.mark.parametrize("paper, name", [p.split(" --part ") for p in taking("corpus")])
-def test_a_scale_names_its_own_corpus_and_corpus_overrides_it(paper: str, name: str) -> None:
+@pytest.mark.parametrize("paper, name, scale", [s for s in LM_SCALES if s[2] != "smoke"])
+def test_every_language_model_scale_keeps_the_recipes_bounds(
+    paper: str, name: str, scale: str
+) -> None:
+    """At every CPU scale: at most 4 epochs of the corpus's training split (its own corpus where
+    a scale names one), and 20 tokens per parameter of the size's NoPE model (19.9 at the 5
+    M-token floor of 1221 steps: "20 per parameter" in whole steps; every encoding of a size
+    sees the same tokens, so a learned table's rows lower its own count)."""
+    from nopelab.models.transformer import build_model
+
+    for run in _runs(EXPERIMENTS[paper].parts[name].settings(scale, 0, "cpu")).values():
+        tokens = run.train.steps * run.train.batch_size * run.train.seq_len
+        train_bytes = _training_bytes(run.corpus.source, run.corpus.val_fraction)
+        assert tokens <= 4 * train_bytes, (run.corpus.source, tokens / train_bytes)
+        body = dataclasses.replace(run.model, pos_encoding="none")
+        parameters = sum(p.numel() for p in build_model(body, 0).parameters())
+        assert tokens >= 19.8 * parameters, tokens / parameters
+
+
+@pytest.mark.parametrize("paper, name, scale", LM_SCALES)
+def test_a_scale_trains_on_its_own_corpus_unless_corpus_names_one(
+    paper: str, name: str, scale: str
+) -> None:
     part = EXPERIMENTS[paper].parts[name]
-    if "large" not in part.scales:
-        return
-    sources = {run.corpus.source for run in _runs(part.settings("large", 0, "cpu")).values()}
-    assert sources == {"sotu+default"}
-    given = part.settings("large", 0, "cpu", corpus="sotu")
+    own = part.scale_table(scale).get("corpus", "default")
+    assert {run.corpus.source for run in _runs(part.settings(scale, 0, "cpu")).values()} == {own}
+    given = part.settings(scale, 0, "cpu", corpus="sotu")
     assert {run.corpus.source for run in _runs(given).values()} == {"sotu"}
