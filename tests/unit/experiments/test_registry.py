@@ -60,17 +60,6 @@ def test_the_flags_name_the_parts_that_take_them() -> None:
     assert "zuo2025 --part probes" in _help("models")
 
 
-@pytest.mark.parametrize("paper, name", [p.split(" --part ") for p in taking("corpus")])
-def test_every_language_model_of_a_part_trains_on_its_corpus(paper: str, name: str) -> None:
-    part = EXPERIMENTS[paper].parts[name]
-    runs = part.settings("smoke", 0, "cpu", corpus="sotu+default")
-    listed = getattr(runs, "runs", None) or {m.key: m.run for m in runs.models}
-    assert listed and {run.corpus.source for run in listed.values()} == {"sotu+default"}
-    default = part.settings("smoke", 0, "cpu")
-    listed = getattr(default, "runs", None) or {m.key: m.run for m in default.models}
-    assert {run.corpus.source for run in listed.values()} == {"default"}
-
-
 def _runs(settings: object) -> dict:
     return getattr(settings, "runs", None) or {m.key: m.run for m in settings.models}  # type: ignore[attr-defined]
 
