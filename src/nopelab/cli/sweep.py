@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Annotated
 import typer
 
 from nopelab.cli.app import OUTPUT, app
+from nopelab.errors import UserError
 
 
 @app.command()
@@ -34,6 +36,12 @@ def sweep(
             help="Run the cells on the Ray cluster at HOST:PORT (or auto) \\[worker processes here]"
         ),
     ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Run every cell at this one seed instead of the grid's seeds \\[the grid's]"
+        ),
+    ] = None,
 ) -> None:
     """Run every cell of a grid, side by side; finished cells are skipped on a re-run, their rows
     gathered in OUT/results (pandas.read_parquet reads it)."""
@@ -41,8 +49,13 @@ def sweep(
     from nopelab.sweep.grid import read_grid
 
     spec = read_grid(grid)
+    if seed is not None:
+        if seed < 0:
+            raise UserError(f"--seed: expected an int >= 0, got {seed}")
+        spec = dataclasses.replace(spec, seeds=(seed,))
     out = out or Path("runs") / f"sweep-{grid.stem}"
-    again = shlex.join(["nopelab", "sweep", str(grid), "--out", str(out)])
+    flags = ["--out", str(out), *(["--seed", str(seed)] if seed is not None else [])]
+    again = shlex.join(["nopelab", "sweep", str(grid), *flags])
     try:
         counts = run_sweep(spec, out, address)
     except KeyboardInterrupt:

@@ -198,6 +198,20 @@ def test_what_killed_cells_left_is_removed_when_the_sweep_continues(tmp_path: Pa
             worker.wait()
 
 
+def test_seed_runs_every_cell_at_that_seed_instead_of_the_grids(tmp_path: Path) -> None:
+    grid = write_grid(tmp_path, grid_text('[axes]\n"model.n_layers" = [1]', top="seeds = [0, 1]"))
+    done = run_sweep_cli([str(grid), "--out", str(tmp_path / "out"), "--seed", "3"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = pd.read_parquet(tmp_path / "out" / "results")
+    assert list(rows["seed"]) == [3]
+    other = run_sweep_cli([str(grid), "--out", str(tmp_path / "out"), "--seed", "4"], tmp_path)
+    assert other.returncode == 2 and "holds a sweep of another grid" in other.stderr
+    bad = run_sweep_cli([str(grid), "--out", str(tmp_path / "o2"), "--seed", "-1"], tmp_path)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "nopelab: error: --seed: expected an int >= 0, got -1"
+    assert not (tmp_path / "o2").exists()
+
+
 def test_a_second_sweep_into_the_same_folder_is_refused(tmp_path: Path) -> None:
     grid = write_grid(tmp_path, grid_text('[axes]\n"model.n_layers" = [1]'))
     out = tmp_path / "out"
