@@ -182,6 +182,7 @@ class TextSource:
         )
         self.vocab_size = self.tokenizer.vocab_size
         self.stream = TokenStream(self.tokenizer.encode(train), self.tokenizer.encode(val))
+        self.token_bytes = torch.from_numpy(self.tokenizer.token_bytes())
         self.eval_tokens = eval_tokens
         self.max_len: int | None = None  # longest evaluable context (learned position tables)
 
@@ -217,7 +218,9 @@ class TextSource:
     def evaluate(
         self, model: nn.Module, seq_len: int, final: bool, device: torch.device, autocast: Autocast
     ) -> dict[str, float]:
-        """Loss and perplexity on held-out windows of the training length, 2x and 4x it.
+        """Loss and perplexity on held-out windows of the training length, 2x and 4x it; with a
+        BPE also the loss per byte of text (``loss_per_byte``, nats), comparable across
+        vocabularies.
 
         Lengths that a learned position table cannot reach, or that the held-out text is too
         short for, are left out.
@@ -229,16 +232,19 @@ class TextSource:
                 continue
             windows = max(1, self.eval_tokens // length)
             pairs = list(self.stream.eval_windows("val", length, windows))
-            total, count = 0.0, 0
+            total, count, size = 0.0, 0, 0
             for start in range(0, len(pairs), EVAL_BATCH):
                 x, y = (
                     torch.stack(t) for t in zip(*pairs[start : start + EVAL_BATCH], strict=True)
                 )
                 loss, n = token_loss(model, x.to(device), y.to(device), autocast)
                 total, count = total + loss, count + n
+                size += int(self.token_bytes[y].sum())
             suffix = "" if factor == 1 else f"_{factor}x"
             metrics[f"loss{suffix}"] = total / count
             metrics[f"perplexity{suffix}"] = math.exp(min(total / count, 700))
+            if self.cfg.tokenizer != "byte":
+                metrics[f"loss_per_byte{suffix}"] = total / size
         return metrics
 
     def save_tokenizer(self, out: Path) -> None:

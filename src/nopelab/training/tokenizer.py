@@ -39,6 +39,9 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """The text of token ids."""
 
+    def token_bytes(self) -> np.ndarray:
+        """The length in UTF-8 bytes of each token id: int64, shape (vocab_size,)."""
+
     def to_json(self) -> str:
         """A JSON description that :func:`tokenizer_from_json` turns back into this tokenizer."""
 
@@ -60,6 +63,9 @@ class ByteTokenizer:
         if array.size and (array.min() < 0 or array.max() > 255):
             raise ValueError("byte token ids must be in [0, 255]")
         return array.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def token_bytes(self) -> np.ndarray:
+        return np.ones(self.vocab_size, dtype=np.int64)
 
     def to_json(self) -> str:
         return json.dumps({"kind": "byte"})
@@ -93,6 +99,13 @@ class BPETokenizer:
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return self.tokenizer.decode(np.asarray(ids).ravel().tolist(), skip_special_tokens=False)
+
+    def token_bytes(self) -> np.ndarray:
+        # The byte-level alphabet spells every byte as one character.
+        lengths = np.zeros(self.vocab_size, dtype=np.int64)
+        for token, index in self.tokenizer.get_vocab().items():
+            lengths[index] = len(token)
+        return lengths
 
     def to_json(self) -> str:
         return self.tokenizer.to_str()

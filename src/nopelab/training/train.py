@@ -17,7 +17,8 @@ A training run directory holds:
 * ``tensorboard/`` — with ``tensorboard=True``: the same rows as TensorBoard scalars
   (``train/<column>``, ``eval/<column>``), written at each checkpoint as the CSV files are;
 * ``summary.json`` — written when training ends: ``final_eval`` (task: ``accuracy`` on every
-  test line; text: ``loss`` and ``perplexity``, also at 2x and 4x the training length),
+  test line; text: ``loss`` and ``perplexity``, also at 2x and 4x the training length, and
+  with a BPE ``loss_per_byte``),
   ``steps`` trained, ``steps_to_target`` (the step at which a task run with ``stop_at`` reached
   it, else null), ``tokens_per_second``.
 """

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -303,3 +305,36 @@ def test_seq_len_and_split_errors(stream: TokenStream) -> None:
         list(stream.eval_windows("train", 5000, 1))
     with pytest.raises(ConfigError, match="split: unknown value 'test'"):
         stream.batch("test", 2, 8, gen)
+
+
+class _Uniform(torch.nn.Module):
+    """Equal logits over the vocabulary: a loss of log V nats per token."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(*idx.shape, self.vocab)
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+def test_loss_per_byte_divides_by_the_text_bytes_scored(tmp_path: Path, kind: str) -> None:
+    corpus = tmp_path / "corpus.txt"
+    rng = np.random.default_rng(0)
+    corpus.write_text(" ".join("".join(rng.choice(list("abcdéfgh"), 4)) for _ in range(3000)))
+    cfg = CorpusConfig(source=str(corpus), tokenizer=kind, bpe_vocab=300, val_fraction=0.3)
+    source = TextSource(cfg, eval_tokens=256)
+    metrics = source.evaluate(
+        _Uniform(source.vocab_size), 32, True, torch.device("cpu"), contextlib.nullcontext
+    )
+    assert metrics["loss"] == pytest.approx(math.log(source.vocab_size))
+    if kind == "byte":  # a byte is a token: nothing to convert
+        assert "loss_per_byte" not in metrics
+        return
+    targets = torch.cat([y for _, y in source.stream.eval_windows("val", 32, 256 // 32)])
+    scored = len(source.tokenizer.decode(targets.numpy()).encode())
+    assert metrics["loss_per_byte"] == pytest.approx(
+        math.log(source.vocab_size) * len(targets) / scored
+    )
+    assert metrics["loss_per_byte"] < metrics["loss"]  # a merged token holds several bytes

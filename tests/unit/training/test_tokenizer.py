@@ -71,6 +71,23 @@ def test_bpe_round_trip_across_chunks(bpe: BPETokenizer, monkeypatch: pytest.Mon
     assert bpe.decode(bpe.encode(text)) == text
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.text())
+def test_token_bytes_add_up_to_the_utf8_length(bpe: BPETokenizer, text: str) -> None:
+    for tokenizer in (bpe, ByteTokenizer()):
+        lengths = tokenizer.token_bytes()
+        assert lengths.shape == (tokenizer.vocab_size,) and lengths.min() >= 1
+        assert int(lengths[tokenizer.encode(text).astype(np.int64)].sum()) == len(text.encode())
+
+
+def test_token_bytes_match_each_whole_token(bpe: BPETokenizer) -> None:
+    """A merged token that decodes to whole characters has their UTF-8 length."""
+    pieces = {i: bpe.decode([i]) for i in range(256, bpe.vocab_size)}
+    whole = {i: s for i, s in pieces.items() if "\ufffd" not in s}
+    assert len(whole) > 100
+    assert all(bpe.token_bytes()[i] == len(s.encode()) for i, s in whole.items())
+
+
 def test_decode_accepts_tensors(bpe: BPETokenizer) -> None:
     torch = pytest.importorskip("torch")
     ids = bpe.encode(SAMPLE)
