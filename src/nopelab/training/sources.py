@@ -243,7 +243,7 @@ class TextSource:
             suffix = "" if factor == 1 else f"_{factor}x"
             metrics[f"loss{suffix}"] = total / count
             metrics[f"perplexity{suffix}"] = math.exp(min(total / count, 700))
-            if self.cfg.tokenizer != "byte":
+            if bool((self.token_bytes != 1).any()):  # a BPE: tokens of several bytes
                 metrics[f"loss_per_byte{suffix}"] = total / size
         return metrics
 

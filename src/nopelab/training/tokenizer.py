@@ -101,7 +101,8 @@ class BPETokenizer:
         return self.tokenizer.decode(np.asarray(ids).ravel().tolist(), skip_special_tokens=False)
 
     def token_bytes(self) -> np.ndarray:
-        # The byte-level alphabet spells every byte as one character.
+        # The byte-level alphabet spells every byte as one character (nopelab's BPEs have no
+        # added tokens, which would not be spelled that way).
         lengths = np.zeros(self.vocab_size, dtype=np.int64)
         for token, index in self.tokenizer.get_vocab().items():
             lengths[index] = len(token)
