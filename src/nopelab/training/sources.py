@@ -182,7 +182,8 @@ class TextSource:
         )
         self.vocab_size = self.tokenizer.vocab_size
         self.stream = TokenStream(self.tokenizer.encode(train), self.tokenizer.encode(val))
-        self.token_bytes = torch.from_numpy(self.tokenizer.token_bytes())
+        lengths = self.tokenizer.token_bytes()  # None below: one token per byte, nothing to convert
+        self.token_bytes = torch.from_numpy(lengths) if (lengths != 1).any() else None
         self.eval_tokens = eval_tokens
         self.max_len: int | None = None  # longest evaluable context (learned position tables)
 
@@ -239,11 +240,12 @@ class TextSource:
                 )
                 loss, n = token_loss(model, x.to(device), y.to(device), autocast)
                 total, count = total + loss, count + n
-                size += int(self.token_bytes[y].sum())
+                if self.token_bytes is not None:
+                    size += int(self.token_bytes[y].sum())
             suffix = "" if factor == 1 else f"_{factor}x"
             metrics[f"loss{suffix}"] = total / count
             metrics[f"perplexity{suffix}"] = math.exp(min(total / count, 700))
-            if bool((self.token_bytes != 1).any()):  # a BPE: tokens of several bytes
+            if self.token_bytes is not None:
                 metrics[f"loss_per_byte{suffix}"] = total / size
         return metrics
 
