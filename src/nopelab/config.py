@@ -118,6 +118,14 @@ def first_difference(
     return None
 
 
+def check_seed(name: str, value: Any) -> int:
+    """The one rule for seeds (every command's ``--seed``, a grid's ``seeds``): an int in
+    0..:data:`MAX_SEED`; numpy's and torch's generators take no negative seed."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise ConfigError(name, f"must be an int in 0..{MAX_SEED}, got {value!r}")
+    return value
+
+
 def check_positive(name: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(name, f"must be > 0, got {value!r}")
@@ -184,9 +192,10 @@ def check_types(obj: Any) -> None:
         if (isinstance(value, bool) and hint is not bool) or not isinstance(value, expected):
             kind = f"{hint.__name__} or None" if optional else hint.__name__
             raise ConfigError(f.name, f"expected {kind}, got {value!r}")
-        limit = MAX_SEED if f.name.endswith("seed") else MAX_INT
-        if hint is int and isinstance(value, int) and abs(value) > limit:
-            raise ConfigError(f.name, f"must be at most {limit} in size, got {value!r}")
+        if f.name == "seed":
+            check_seed(f.name, value)
+        elif hint is int and isinstance(value, int) and abs(value) > MAX_INT:
+            raise ConfigError(f.name, f"must be at most {MAX_INT} in size, got {value!r}")
         if hint is float and isinstance(value, (int, float)) and not _finite(value):
             raise ConfigError(f.name, f"must be a finite number, got {value!r}")
 

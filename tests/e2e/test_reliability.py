@@ -10,6 +10,7 @@ import pytest
 
 from helpers import run_cli
 
+SEED = "--seed: must be an int in 0..9223372036854775807, got -1"  # one rule for every seed
 BAD_INPUT = {
     "analyze": [
         ("--layers 0", "--layers: must be > 0"),
@@ -33,6 +34,8 @@ BAD_INPUT = {
         ("--nope-layers 0 --pos-encoding rope", "--nope-layers: layer 0 is outside 1..6"),
         ("--sites attn_out,qkv", "--sites: unknown value 'qkv'"),
         ("--seed x", "--seed: input should be a valid integer"),
+        ("--seed -1", SEED),
+        ("--seed 9223372036854775808", "--seed: must be an int in 0..9223372036854775807"),
         ("--config missing.toml", "--config:"),
         ("--no-such-flag", "No such option: --no-such-flag"),
         ("RUN --layers 3", "--layers: a trained or Hugging Face model fixes the model"),
@@ -71,6 +74,7 @@ BAD_INPUT = {
         ("--task copy --seq-len 1000000", "--batch-size, --seq-len or --layers: training"),
         ("--task reverse --seq-len 8", "--seq-len: must hold a whole line"),
         ("--task copy --out " + "a" * 300, "--out: the name aaaaaaaaaaaaaaaa… is 300 bytes long"),
+        ("--task copy --seed -1", SEED),
         ("--task copy --stop-at 1.5", "--stop-at: must be in (0, 1]"),
         ("--task copy --stop-at nan", "--stop-at: must be a finite number"),
         ("--corpus default --stop-at 0.9", "--stop-at: stops a task run at an accuracy"),
@@ -104,6 +108,7 @@ BAD_INPUT = {
         ("--features raw,spin", "--features: unknown value 'spin'"),
         ("--probe-seeds 0", "--probe-seeds: must be > 0"),
         ("--epochs 0", "--epochs: must be > 0"),
+        ("--seed -1", SEED),
         ("--split vocab", "--split: vocab builds sequences from token ids"),
         ("--layers 1000000000", "--layers, --d-model or --vocab-size: analysing"),
         ("RUN --probe-layers 5", "--probe-layers: layer 5 does not exist"),
@@ -121,12 +126,14 @@ BAD_INPUT = {
         ("RUN --fit-samples 0", "--fit-samples: must be > 0"),
         ("RUN --fit-samples 100000000", "--fit-samples or --seq-len: intervening needs about"),
         ("RUN --site qkv", "--site: unknown value 'qkv'"),
+        ("RUN --seed -1", SEED),
         ("no/such/run", "run: no/such/run has no config.json"),
     ],
     "export": [
         ("RUN --out RUN --force", "--out:"),
         ("no/such/run --out o", "run: no/such/run has no config.json"),
         ("RUN", "Missing option '--out'"),
+        ("RUN --out o --seed -1", SEED),
         ("RUN --out " + "b/" * 2000, "--out: the path is"),
     ],
     "evaluate": [
@@ -134,6 +141,7 @@ BAD_INPUT = {
         ("no/such/run", "run: no/such/run has no config.json"),
         ("RUN --lengths 2,1", "--lengths: expected comma-separated whole numbers >= 1"),
         ("RUN --windows 0", "--windows: input should be greater than or equal to 1"),
+        ("RUN --seed -1", SEED),
         ("RUN --out RUN --force", "--out:"),
     ],
     "headscale": [
@@ -142,6 +150,7 @@ BAD_INPUT = {
         ("RUN --uniform 0", "--uniform: must be a finite number > 0"),
         ("RUN --length 4 --lr -1", "--lr: must be a finite number > 0"),
         ("RUN", "--length: give the multiple of the training length"),
+        ("RUN --uniform 2 --seed -1", SEED),
     ],
     "reproduce": [
         ("vaswani2017", "paper: unknown 'vaswani2017'"),
@@ -149,6 +158,8 @@ BAD_INPUT = {
         ("chi2023 --scale huge", "--scale:"),
         ("chi2023 --device gpu", "--device: unknown device 'gpu'"),
         ("chi2023 --seed x", "--seed: input should be a valid integer"),
+        ("wang2024 --scale smoke --seed -1", SEED),
+        ("chi2023 --part pretrained --seed 9223372036854775808", "--seed: must be an int in 0.."),
         ("chi2023 --resume", "--resume:"),
         ("zuo2025 --part trained --models RUN", "--models: only for zuo2025 --part probes"),
         ("zuo2025 --part probes --scale smoke --models RUN", "holds no finished model; give the"),

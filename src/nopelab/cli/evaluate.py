@@ -12,7 +12,7 @@ import typer
 from nopelab.cli import resolve
 from nopelab.cli.app import ANALYSIS, HF, Force, Out, app
 from nopelab.cli.options import Given, Group, with_options
-from nopelab.config import MAX_SEED, AnalysisConfig, HFConfig
+from nopelab.config import AnalysisConfig, HFConfig, check_seed
 from nopelab.errors import UserError
 
 EVALUATION = "Evaluation"
@@ -56,8 +56,6 @@ def evaluate(
     seed: Annotated[
         int,
         typer.Option(
-            min=0,
-            max=MAX_SEED,
             help="Seed of the choice of windows where the held-out text holds more than --windows",
             rich_help_panel=EVALUATION,
         ),
@@ -93,6 +91,7 @@ def evaluate(
     from nopelab.runtime.rundir import check_out, default_out, staged_run
 
     factors = parse_lengths(lengths)
+    check_seed("--seed", seed)
     analysis = AnalysisConfig(**given.section("analysis"))
     device = resolve_device(analysis.device)
     out = out or default_out(f"evaluate-{Path(str(run_dir)).name}")

@@ -9,6 +9,7 @@ import typer
 
 from nopelab.cli import resolve
 from nopelab.cli.app import app
+from nopelab.config import check_seed
 
 
 @app.command()
@@ -24,6 +25,7 @@ def export(
     from nopelab.runtime.rundir import staged_run
     from nopelab.training.run import read_run
 
+    check_seed("--seed", seed)
     family(read_run(run_dir).model)  # an unexportable config fails before anything is written
     with staged_run(out, force, resolve.inputs(run_dir), command="export") as staging:
         name = export_run(run_dir, staging, seed, shown_as=out)

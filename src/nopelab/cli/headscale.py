@@ -11,7 +11,7 @@ import typer
 
 from nopelab.cli.app import Force, Out, app
 from nopelab.cli.options import Given, Group, with_options
-from nopelab.config import MAX_SEED, AnalysisConfig
+from nopelab.config import AnalysisConfig, check_seed
 from nopelab.errors import UserError
 
 HEAD_SCALES, UNIFORM = "Head scales", "Uniform scale"
@@ -55,12 +55,7 @@ def headscale(
     ] = None,
     seed: Annotated[
         int | None,
-        typer.Option(
-            min=0,
-            max=MAX_SEED,
-            help="Seed of the training windows \\[0]",
-            rich_help_panel=HEAD_SCALES,
-        ),
+        typer.Option(help="Seed of the training windows \\[0]", rich_help_panel=HEAD_SCALES),
     ] = None,
     uniform: Annotated[
         float | None,
@@ -92,6 +87,8 @@ def headscale(
 
     training = (length, steps, lr, init_scale, batch_size, seed)
     _check_flags(uniform, *training)
+    if seed is not None:
+        check_seed("--seed", seed)
     device = resolve_device(AnalysisConfig(**given.section("analysis")).device)
     out = out or default_out(f"headscale-{run_dir.name}")
     check_out(out, force, [run_dir])

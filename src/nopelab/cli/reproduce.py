@@ -11,7 +11,7 @@ import typer
 
 from nopelab.cli import resolve
 from nopelab.cli.app import app
-from nopelab.config import CORPUS_NAMES
+from nopelab.config import CORPUS_NAMES, check_seed
 from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS, Part, named, parts, resumable, taking, with_reuse
 
@@ -119,6 +119,7 @@ def reproduce(
     """Reproduce a paper's results at a chosen scale, with figures and a markdown summary."""
     from nopelab.runtime.rundir import check_resume, default_out, resumable_run, staged_run
 
+    check_seed("--seed", seed)
     if paper not in EXPERIMENTS:
         raise UserError(f"paper: unknown {paper!r}; allowed: {', '.join(EXPERIMENTS)}")
     experiment = EXPERIMENTS[paper]

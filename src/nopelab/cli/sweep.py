@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from nopelab.cli.app import OUTPUT, app
-from nopelab.errors import UserError
+from nopelab.config import check_seed
 
 
 @app.command()
@@ -48,10 +48,10 @@ def sweep(
     from nopelab.sweep.engine import run_sweep
     from nopelab.sweep.grid import read_grid
 
+    if seed is not None:
+        check_seed("--seed", seed)
     spec = read_grid(grid)
     if seed is not None:
-        if seed < 0:
-            raise UserError(f"--seed: expected an int >= 0, got {seed}")
         spec = dataclasses.replace(spec, seeds=(seed,))
     out = out or Path("runs") / f"sweep-{grid.stem}"
     flags = ["--out", str(out), *(["--seed", str(seed)] if seed is not None else [])]

@@ -46,6 +46,7 @@ from nopelab.config import (
     ProbeConfig,
     TrainConfig,
     check_sections,
+    check_seed,
 )
 from nopelab.errors import ConfigError, UserError
 from nopelab.training.run import data_vocab_size
@@ -248,8 +249,7 @@ def parse_grid(data: dict[str, Any], name: str = "grid") -> Grid:
         if not isinstance(seeds, list) or not seeds:
             raise ConfigError("seeds", f"expected a non-empty list of ints, got {seeds!r}")
         for seed in seeds:
-            if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-                raise ConfigError("seeds", f"expected ints >= 0, got {seed!r}")
+            check_seed("seeds", seed)
     resources = _table(data, "resources")
     names = [f.name for f in dataclasses.fields(Resources)]
     for key in resources:

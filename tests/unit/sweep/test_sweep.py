@@ -92,6 +92,7 @@ def test_cells_cross_axes_zip_pairs_and_seeds_multiply() -> None:
         (grid_text("", top="colour = 1"), "colour", "unknown key"),
         (grid_text('[zip]\n"model.d_model" = [32, 64]\n"model.n_heads" = [2]'), "zip", "same number"),
         (grid_text("", top="seeds = []"), "seeds", "non-empty"),
+        (grid_text("", top="seeds = [0, -1]"), "seeds", "must be an int in 0..9223372036854775807, got -1"),
         (grid_text("[resources]\ncpus_per_cell = 0"), "resources.cpus_per_cell", "> 0"),
         (grid_text("[resources]\nthreads = 2"), "resources.threads", "unknown key"),
     ],
@@ -208,7 +209,9 @@ def test_seed_runs_every_cell_at_that_seed_instead_of_the_grids(tmp_path: Path) 
     assert other.returncode == 2 and "holds a sweep of another grid" in other.stderr
     bad = run_sweep_cli([str(grid), "--out", str(tmp_path / "o2"), "--seed", "-1"], tmp_path)
     assert bad.returncode == 2
-    assert bad.stderr.strip() == "nopelab: error: --seed: expected an int >= 0, got -1"
+    assert bad.stderr.strip() == (
+        "nopelab: error: --seed: must be an int in 0..9223372036854775807, got -1"
+    )
     assert not (tmp_path / "o2").exists()
 
 
