@@ -507,6 +507,34 @@ CORPUS_NAMES: Final = ", ".join(
 )
 
 
+_BARE = re.compile(r"[a-z0-9_]*")  # what a part of a join of names looks like
+
+
+def embedded_names(source: str, field: str = "--corpus") -> list[str] | None:
+    """The names of ``source`` if it is an embedded corpus or a ``+``-join of them, else None
+    (a file, a folder or ``hf:``; a name wins over a file of that name, which ``./NAME`` reads).
+    A join of bare names with an unknown or repeated one is a :class:`ConfigError` for
+    ``field``."""
+    if source.startswith("hf:"):
+        return None
+    names = source.split("+")
+    if len(names) == 1:
+        return names if source in EMBEDDED_CORPORA else None
+    if not all(_BARE.fullmatch(name) for name in names) or Path(source).expanduser().exists():
+        return None  # a path such as c++.txt
+    unknown = [name for name in names if name not in EMBEDDED_CORPORA]
+    if unknown:
+        raise ConfigError(
+            field,
+            f"unknown corpus name {', '.join(map(repr, unknown))} in {source!r} "
+            f"(names: {', '.join(EMBEDDED_CORPORA)})",
+        )
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated is not None:  # its held-out tail would be training text too
+        raise ConfigError(field, f"{repeated!r} appears twice in {source!r}; name each corpus once")
+    return names
+
+
 @dataclass(frozen=True)
 class CorpusConfig:
     """Which text to train a language model on, and how to tokenise it."""
@@ -524,6 +552,7 @@ class CorpusConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
+        embedded_names(self.source, "source")  # an unknown or repeated name in a join
         if self.tokenizer == "bpe" and not 256 < self.bpe_vocab <= MAX_BPE_VOCAB:
             raise ConfigError(
                 "bpe_vocab", f"must be in 257..{MAX_BPE_VOCAB} for a BPE, got {self.bpe_vocab}"

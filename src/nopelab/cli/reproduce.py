@@ -11,7 +11,7 @@ import typer
 
 from nopelab.cli import resolve
 from nopelab.cli.app import app
-from nopelab.config import CORPUS_NAMES, check_seed
+from nopelab.config import CORPUS_NAMES, check_seed, embedded_names
 from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS, Part, named, parts, resumable, taking, with_reuse
 
@@ -204,9 +204,7 @@ def _counts(flag: str, text: str) -> tuple[int, ...]:
 
 def _corpus(flag: str, text: str) -> str:
     """An embedded corpus's name, or names joined by ``+``: what a reproduction trains on."""
-    from nopelab.training.corpus import embedded_names  # raises for an unknown or repeated name
-
-    if embedded_names(text) is None:
+    if embedded_names(text, flag) is None:  # raises for an unknown or repeated name
         raise UserError(
             f"{flag}: {text!r} is not an embedded corpus; allowed: {CORPUS_NAMES}, or names "
             "joined by + (e.g. sotu+default)"

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nopelab.config import AnalysisConfig
+from nopelab.config import AnalysisConfig, embedded_names
 from nopelab.errors import ConfigError, first_line
 from nopelab.hf.sites import HFModel, architecture, check_max_layers, check_sites
 from nopelab.limits import available_memory, check_statistics
-from nopelab.training.corpus import TokenStream, embedded_names, load_text
+from nopelab.training.corpus import TokenStream, load_text
 
 FIELD = "model"
 TAIL = 0.05  # share of an embedded corpus that nopelab's own LMs never train on

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import lzma
-import re
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nopelab.config import CORPUS_NAMES
+from nopelab.config import CORPUS_NAMES, embedded_names
 from nopelab.config import EMBEDDED_CORPORA as EMBEDDED
 from nopelab.errors import ConfigError, first_line
 
@@ -32,7 +31,6 @@ SOURCES = (
     f"{CORPUS_NAMES}, names joined by +; a text file or a folder of .txt files; a .jsonl or "
     ".parquet file; hf:NAME[:SPLIT]"
 )
-_BARE = re.compile(r"[a-z0-9_]*")  # what a part of a join of names looks like
 
 
 @functools.lru_cache(maxsize=len(EMBEDDED))
@@ -40,30 +38,6 @@ def embedded_corpus(name: str) -> str:
     """An embedded corpus (a key of :data:`EMBEDDED`) as one string."""
     data = resources.files("nopelab").joinpath("data", EMBEDDED[name][0]).read_bytes()
     return lzma.decompress(data).decode("utf-8")
-
-
-def embedded_names(source: str) -> list[str] | None:
-    """The names of ``source`` if it is an embedded corpus or a ``+``-join of them, else None
-    (a file, a folder or ``hf:``; a name wins over a file of that name, which ``./NAME`` reads).
-    A join of bare names with an unknown or repeated one raises :class:`ConfigError`."""
-    if source.startswith("hf:"):
-        return None
-    names = source.split("+")
-    if len(names) == 1:
-        return names if source in EMBEDDED else None
-    if not all(_BARE.fullmatch(name) for name in names) or Path(source).expanduser().exists():
-        return None  # a path such as c++.txt
-    unknown = [name for name in names if name not in EMBEDDED]
-    if unknown:
-        raise ConfigError(
-            FIELD,
-            f"unknown corpus name {', '.join(map(repr, unknown))} in {source!r} "
-            f"(names: {', '.join(EMBEDDED)})",
-        )
-    repeated = next((name for name in names if names.count(name) > 1), None)
-    if repeated is not None:  # its held-out tail would be training text too
-        raise ConfigError(FIELD, f"{repeated!r} appears twice in {source!r}; name each corpus once")
-    return names
 
 
 def describe(source: str) -> str:

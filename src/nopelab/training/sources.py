@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nopelab.config import CorpusConfig, ModelConfig
+from nopelab.config import CorpusConfig, ModelConfig, embedded_names
 from nopelab.errors import ConfigError
 from nopelab.training import tasks
-from nopelab.training.corpus import TokenStream, embedded_names, load_text, split_text
+from nopelab.training.corpus import TokenStream, load_text, split_text
 from nopelab.training.task_config import VOCAB, TaskConfig
 from nopelab.training.tokenizer import Tokenizer, get_tokenizer, tokenizer_from_json
 

@@ -93,6 +93,7 @@ def test_cells_cross_axes_zip_pairs_and_seeds_multiply() -> None:
         (grid_text('[zip]\n"model.d_model" = [32, 64]\n"model.n_heads" = [2]'), "zip", "same number"),
         (grid_text("", top="seeds = []"), "seeds", "non-empty"),
         (grid_text("", top="seeds = [0, -1]"), "seeds", "must be an int in 0..9223372036854775807, got -1"),
+        ('command = "train"\n[axes]\n"corpus.source" = ["sotu", "sotu+sotu"]', "axes.corpus.source", "'sotu' appears twice"),
         (grid_text("[resources]\ncpus_per_cell = 0"), "resources.cpus_per_cell", "> 0"),
         (grid_text("[resources]\nthreads = 2"), "resources.threads", "unknown key"),
     ],
@@ -213,6 +214,22 @@ def test_seed_runs_every_cell_at_that_seed_instead_of_the_grids(tmp_path: Path) 
         "nopelab: error: --seed: must be an int in 0..9223372036854775807, got -1"
     )
     assert not (tmp_path / "o2").exists()
+
+
+def test_an_unknown_corpus_name_is_refused_before_the_sweep_folder_is_made(tmp_path: Path) -> None:
+    """The grid check names the corpus as ``train --corpus`` does: exit 2, one line, no folder."""
+    text = (
+        'command = "train"\n[base.corpus]\nsource = "sotu+nosuch"\n[axes]\n"model.n_layers" = [1]'
+    )
+    done = run_sweep_cli(
+        [str(write_grid(tmp_path, text)), "--out", str(tmp_path / "out")], tmp_path
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "nopelab: error: base.corpus.source: unknown corpus name 'nosuch' in 'sotu+nosuch' "
+        "(names: default, sotu)"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_second_sweep_into_the_same_folder_is_refused(tmp_path: Path) -> None:
