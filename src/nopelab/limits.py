@@ -121,16 +121,19 @@ def check_statistics(analysis: AnalysisConfig, n_layers: int, n_heads: int = 0) 
     _check("analysing", parts)
 
 
-def check_training(cfg: ModelConfig, batch_size: int, seq_len: int) -> None:
+def check_training(
+    cfg: ModelConfig, batch_size: int, seq_len: int, flag: str | None = None
+) -> None:
     """Refuse a training run whose weights, gradients and AdamW state (16 bytes a parameter)
-    or whose activations kept for the backward pass would not fit."""
+    or whose activations kept for the backward pass would not fit; ``flag``: what the error
+    names when one option set the model and its batch (``--sizes: 24x2``)."""
     _check(
         "training",
         {
-            "weights and optimiser": (16 * parameter_count(cfg), WEIGHTS),
+            "weights and optimiser": (16 * parameter_count(cfg), flag or WEIGHTS),
             "activations": (
                 backward_bytes(cfg, batch_size, seq_len),
-                "--batch-size, --seq-len or --layers",
+                flag or "--batch-size, --seq-len or --layers",
             ),
         },
     )

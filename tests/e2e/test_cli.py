@@ -353,7 +353,10 @@ def test_reproduce_rejects_unknown_names(tmp_path: Path, capsys, monkeypatch) ->
         (["reproduce", "chi2023", "--part", "pretrained", "--sizes", "24x2"], "--sizes"),
         *(
             (["reproduce", "haviv2022", "--part", "sizes", "--sizes", sizes], "--sizes")
-            for sizes in ("", "48x2,24x2", "24x2,24x2", "24", "24x2x5", "ax2", "0x2")
+            for sizes in (
+                *("", "48x2,24x2", "24x2,24x2", "24", "24x2x5", "ax2", "0x2"),
+                *("24x2,65536x64", "24x2,100000000x100000"),  # too large to train here
+            )
         ),
         (["reproduce", "zuo2025", "--part", "trained", "--corpus", "sotu"], "--corpus"),
         *(

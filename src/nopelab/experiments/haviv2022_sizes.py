@@ -22,11 +22,12 @@ from typing import Any, TypedDict, cast
 import pandas as pd
 
 from nopelab import plots
-from nopelab.config import ModelConfig, PosEncoding
+from nopelab.config import PosEncoding
 from nopelab.errors import ConfigError
 from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.summary_template import corpus_values, fill
 from nopelab.experiments.train_and_measure import lm_runs, train_into
+from nopelab.limits import check_training, parameter_count
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.rundir import write_json
 from nopelab.sweep.runner import Job, default_workers, run_jobs
@@ -88,16 +89,6 @@ class Settings:
     workers: int  # models trained at once
 
 
-def parameter_count(model: ModelConfig) -> int:
-    """Parameters of ``model``, counted on PyTorch's meta device (nothing allocated)."""
-    import torch
-
-    from nopelab.models.transformer import Transformer
-
-    with torch.device("meta"):
-        return sum(p.numel() for p in Transformer(model).parameters())
-
-
 def settings(
     scale: str,
     seed: int,
@@ -115,7 +106,10 @@ def settings(
     models = []
     for index, size in enumerate(sizes, 1):
         nope = next(iter(lm_runs(("none",), size, {**train, "steps": 1}, seed, device).values()))
-        parameters = parameter_count(nope.model)
+        m = nope.model
+        shown = f"--sizes: {m.d_model}x{m.n_layers}x{m.n_heads}"
+        check_training(m, train["batch_size"], train["seq_len"], shown)
+        parameters = parameter_count(nope.model)  # closed form: no model is built
         tokens = max(s["tokens_per_parameter"] * parameters, s["min_tokens"])
         steps = math.ceil(tokens / tokens_per_step)
         for offset in range(s["seeds"]):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from nopelab.errors import ConfigError
+from nopelab.errors import ConfigError, UserError
 from nopelab.experiments.haviv2022_sizes import check_sizes, gap_table, size_table, verdicts
 
 
@@ -21,6 +21,33 @@ from nopelab.experiments.haviv2022_sizes import check_sizes, gap_table, size_tab
 def test_a_size_list_that_is_empty_or_does_not_grow_is_refused(sizes: list) -> None:
     with pytest.raises(ConfigError, match="sizes"):
         check_sizes(sizes)
+
+
+def test_parameters_are_counted_without_building_a_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count of a size is the built NoPE model's; a size too large to train is refused at
+    once, naming --sizes, with no model built (building one took minutes)."""
+    from nopelab.experiments import haviv2022_sizes
+    from nopelab.models import transformer
+
+    sizes = [
+        {"d_model": 24, "n_layers": 2, "n_heads": 2},
+        {"d_model": 40, "n_layers": 3, "n_heads": 4},
+    ]
+    built = [
+        sum(p.numel() for p in transformer.Transformer(m.run.model).parameters())
+        for m in haviv2022_sizes.settings("smoke", 0, "cpu", sizes).models
+        if m.pos_encoding == "none"
+    ]
+
+    def no_model(*args: object) -> None:
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(transformer.Transformer, "__init__", no_model)
+    settings = haviv2022_sizes.settings("smoke", 0, "cpu", sizes)
+    assert [m.parameters for m in settings.models if m.pos_encoding == "none"] == built
+    huge = [sizes[0], {"d_model": 100_000_000, "n_layers": 100_000, "n_heads": 2}]
+    with pytest.raises(UserError, match=r"^--sizes: 100000000x100000x2: training needs about"):
+        haviv2022_sizes.settings("smoke", 0, "cpu", huge)
 
 
 def models(perplexity: dict[tuple[int, str, int], float]) -> pd.DataFrame:
