@@ -7,6 +7,8 @@ import os
 import signal
 import sys
 
+from nopelab.errors import UserError, first_line
+
 
 def start_ray(
     address: str | None = None, num_cpus: int | None = None, worker_output: bool = False
@@ -19,6 +21,8 @@ def start_ray(
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every line as printed
     import ray
 
+    if ray.is_initialized():  # connected already (a sweep connects before making its folder)
+        return
     on_sigterm = signal.getsignal(signal.SIGTERM)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, private cluster
     os.environ.setdefault("RAY_worker_niceness", "0")  # tasks run at the priority a serial run has
@@ -31,6 +35,24 @@ def start_ray(
     )
     if on_sigterm is not None:  # Ray's driver aborts on SIGTERM; nopelab stops cleanly (exit 130)
         signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def connect_ray(address: str) -> None:
+    """Connect to the Ray cluster at ``address`` (``--address``) for a sweep's tasks, or refuse
+    in one line; what Ray prints while it tries (warnings of every retry) is dropped."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)  # Ray's C++ core writes to the file descriptor, not to sys.stderr
+    try:
+        start_ray(address)
+    except Exception as exc:  # ConnectionError, or whatever else Ray raises for a bad cluster
+        raise UserError(
+            f"--address: cannot connect to a Ray cluster at {address}: {first_line(exc)}"
+        ) from None
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def start_worker(threads: int, quiet: bool) -> None:

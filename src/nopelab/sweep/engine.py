@@ -28,6 +28,7 @@ from nopelab.runtime.rundir import (
     staged_run,
     write_json,
 )
+from nopelab.sweep.cluster import connect_ray
 from nopelab.sweep.grid import Cell, Grid
 from nopelab.sweep.runner import Job, Share, run_jobs
 
@@ -121,6 +122,8 @@ def run_sweep(grid: Grid, out: Path, address: str | None = None) -> dict[str, in
     if target.exists() and not target.is_dir():
         raise UserError(f"--out: {out} exists and is not a directory")
     out = target
+    if address is not None:  # before the sweep's folder: a cluster that fails writes nothing
+        connect_ray(address)
     r = grid.resources
     jobs = [Job(cell.key, run_cell_job, (cell,)) for cell in cells]
     with locked(out):

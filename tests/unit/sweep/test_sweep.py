@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +21,13 @@ from nopelab.runtime.rundir import locked
 from nopelab.sweep.engine import prepare
 from nopelab.sweep.grid import parse_grid, read_grid
 
+# Ray's connect windows (the GCS port, each connect attempt, the Python client), in seconds:
+# short, so that a test of a server that is not Ray takes seconds (by default 40)
+RAY_TIMEOUTS = {
+    "RAY_gcs_server_port_wait_time_s": "1",
+    "RAY_gcs_rpc_server_connect_timeout_s": "1",
+    "RAY_py_gcs_connect_timeout_s": "2",
+}
 BASE = """
 [base.task]
 name = "copy"
@@ -135,6 +146,45 @@ def test_bad_sweep_input_is_one_line_exit_2_nothing_written(
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"nopelab: error: {message}"), line
+    assert sorted(tmp_path.iterdir()) == before
+
+
+@pytest.fixture
+def not_ray() -> Iterator[str]:
+    """HOST:PORT of a server on this machine that accepts connections but is not Ray."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the server closed
+            while True:
+                accepted.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+    for connection in accepted:
+        connection.close()
+
+
+@pytest.mark.parametrize("address", ["auto", "NOT_RAY"])
+def test_a_ray_cluster_that_cannot_be_reached_is_refused_before_the_sweep_folder(
+    address: str, not_ray: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No cluster on this machine (auto), or a server that is not Ray: one line naming
+    --address, nothing written, none of Ray's retry warnings (its connect timeouts shortened)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for name, seconds in RAY_TIMEOUTS.items():
+        monkeypatch.setenv(name, seconds)
+    grid = write_grid(tmp_path, grid_text('[axes]\n"model.n_layers" = [1]'))
+    before = sorted(tmp_path.iterdir())
+    given = not_ray if address == "NOT_RAY" else address
+    done = run_sweep_cli([str(grid), "--out", str(tmp_path / "out"), "--address", given], tmp_path)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(
+        f"nopelab: error: --address: cannot connect to a Ray cluster at {given}: "
+    )
     assert sorted(tmp_path.iterdir()) == before
 
 
