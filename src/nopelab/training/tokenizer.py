@@ -153,7 +153,8 @@ def get_tokenizer(
     """A ``byte`` tokenizer, or a ``bpe`` of ``vocab_size`` tokens trained on ``text``.
 
     A BPE is reused from ``cache_dir`` (default :func:`default_cache_dir`) when one was
-    trained on the same text and size; a new one is written there atomically.
+    trained on the same text and size; a new one (or one for a damaged entry) is written there
+    atomically.
     """
     if kind not in KINDS:
         raise ConfigError("tokenizer", f"unknown value {kind!r}; allowed: {', '.join(KINDS)}")
@@ -165,8 +166,9 @@ def get_tokenizer(
         f"{_RECIPE}\0{vocab_size}\0{tokenizers.__version__}\0".encode() + text.encode("utf-8")
     ).hexdigest()[:32]
     path = (cache_dir or default_cache_dir()) / "tokenizers" / f"bpe-{vocab_size}-{key}.json"
-    if path.is_file():
-        return tokenizer_from_json(path.read_text(encoding="utf-8"))
+    cached = _cached(path, vocab_size)
+    if cached is not None:
+        return cached
     check_tokenizer(len(text.encode("utf-8")), vocab_size)
     tokenizer = BPETokenizer.train(text, vocab_size)
     if tokenizer.vocab_size < vocab_size:
@@ -176,6 +178,18 @@ def get_tokenizer(
         )
     _write_atomic(path, tokenizer.to_json())
     return tokenizer
+
+
+def _cached(path: Path, vocab_size: int) -> BPETokenizer | None:
+    """The BPE cached at ``path``; None where there is none or the file is damaged (truncated,
+    not UTF-8, not a BPE of that size), which is then trained again and written over it."""
+    try:
+        cached = tokenizer_from_json(path.read_text(encoding="utf-8"))
+    except Exception:  # none yet, or whatever a damaged file makes the parsers raise
+        return None
+    if isinstance(cached, BPETokenizer) and cached.vocab_size == vocab_size:
+        return cached
+    return None
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -140,6 +140,30 @@ def test_bpe_cache_reused(
     assert cached.is_file()
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: b"\xff\xfe" + data[2:],  # not UTF-8
+        lambda data: data[: len(data) // 2],  # truncated
+        lambda data: b'{"kind": "byte"}',  # another tokenizer
+    ],
+    ids=["not-utf8", "truncated", "not-this-bpe"],
+)
+def test_a_damaged_bpe_cache_entry_is_trained_again_and_replaced(
+    damage, tmp_path, train_text: str
+) -> None:
+    """The cache is nopelab's own: a damaged entry is rebuilt (atomically), not an error."""
+    text = train_text[:20_000]
+    first = get_tokenizer("bpe", text, vocab_size=300, cache_dir=tmp_path)
+    (cached,) = (tmp_path / "tokenizers").glob("bpe-300-*.json")
+    intact = cached.read_bytes()
+    cached.write_bytes(damage(intact))
+    again = get_tokenizer("bpe", text, vocab_size=300, cache_dir=tmp_path)
+    np.testing.assert_array_equal(again.encode(SAMPLE), first.encode(SAMPLE))
+    assert cached.read_bytes() == intact
+    assert sorted(p.name for p in (tmp_path / "tokenizers").iterdir()) == [cached.name]
+
+
 def test_bpe_cache_dir_from_environment(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NOPELAB_CACHE", str(tmp_path))
     get_tokenizer("bpe", "the cat sat on the mat " * 50, vocab_size=260)
