@@ -5,8 +5,9 @@ files, written all-or-nothing, and :data:`~nopelab.sweep.runner.DONE` once the c
 ``results/KEY.parquet`` (each finished cell's rows: together a parquet dataset,
 ``pandas.read_parquet(FOLDER / "results")``) and ``failed/KEY.txt`` (the one-line error of a
 cell that failed). A re-run skips finished cells and runs the others again. What a stopped
-cell leaves (its hidden staging folder and lock file in ``cells/``) is removed once its worker
-has exited: when the sweep stops, and when it starts again after a kill.
+cell leaves (its hidden staging folder and lock file in ``cells/``, a half-written results file
+in ``results/``) is removed once its worker has exited: when the sweep stops, and when it starts
+again after a kill.
 """
 
 from __future__ import annotations
@@ -34,24 +35,29 @@ from nopelab.sweep.runner import Job, Share, run_jobs
 
 GRID_FILE = "grid.json"
 WORKERS_EXIT = 10.0  # seconds a stopped sweep waits for its cells' workers to exit
-LEFT_BEHIND = re.compile(r"\.([0-9a-f]{16})\.(?:lock|staging-[a-z0-9_]{8})")  # in cells/: KEY
+LEFT_BEHIND = {  # what a stopped cell leaves, by folder: its key, then the rest of the name
+    "cells": re.compile(r"\.([0-9a-f]{16})\.(?:lock|staging-[a-z0-9_]{8})"),
+    "results": re.compile(r"\.([0-9a-f]{16})\.parquet\.[a-z0-9_]{8}\.tmp"),  # replace_atomically's
+}
 
 
 def run_cell_job(cell: Cell, folder: Path) -> None:
-    """One cell, as the runner runs it: its folder all-or-nothing, then its results file."""
+    """One cell, as the runner runs it: its folder all-or-nothing, then its results file, both
+    under the cell's lock (so :func:`tidy_cells` knows when a stopped cell's worker has exited)."""
     import pandas as pd
 
     from nopelab.sweep.cells import run_cell
 
-    with staged_run(folder, force=True, command="sweep-cell") as staging:
-        write_json(staging / "cell.json", {"command": cell.command, **cell.settings})
-        rows = run_cell(cell, staging)
-    results = folder.parent.parent / "results"
-    results.mkdir(exist_ok=True)
-    frame = pd.DataFrame(rows)
-    replace_atomically(
-        results / f"{cell.key}.parquet", lambda tmp: frame.to_parquet(tmp, index=False)
-    )
+    with locked(folder):
+        with staged_run(folder, force=True, command="sweep-cell") as staging:
+            write_json(staging / "cell.json", {"command": cell.command, **cell.settings})
+            rows = run_cell(cell, staging)
+        results = folder.parent.parent / "results"
+        results.mkdir(exist_ok=True)
+        frame = pd.DataFrame(rows)
+        replace_atomically(
+            results / f"{cell.key}.parquet", lambda tmp: frame.to_parquet(tmp, index=False)
+        )
 
 
 def check_address(address: str) -> None:
@@ -86,12 +92,14 @@ def prepare(out: Path, grid: Grid) -> None:
 
 def tidy_cells(out: Path, wait: float = 0.0) -> None:
     """Remove the staging folders, lock files and empty cell folders that stopped cells left in
-    ``out/cells``, waiting up to ``wait`` seconds in all for their workers to exit; a cell whose
-    worker still runs keeps them (it removes them itself, or the next run does)."""
+    ``out/cells``, and their half-written results files in ``out/results``, waiting up to
+    ``wait`` seconds in all for their workers to exit; a cell whose worker still runs keeps them
+    (it removes them itself, or the next run does)."""
     left: dict[str, list[Path]] = {}
-    for path in (out / "cells").glob(".*"):
-        if found := LEFT_BEHIND.fullmatch(path.name):
-            left.setdefault(found[1], []).append(path)
+    for where, pattern in LEFT_BEHIND.items():
+        for path in (out / where).glob(".*"):
+            if found := pattern.fullmatch(path.name):
+                left.setdefault(found[1], []).append(path)
     deadline = time.monotonic() + wait
     running = set()
     for key, paths in sorted(left.items()):
@@ -100,6 +108,8 @@ def tidy_cells(out: Path, wait: float = 0.0) -> None:
                 for path in paths:
                     if path.is_dir():
                         shutil.rmtree(path, ignore_errors=True)
+                    elif path.suffix == ".tmp":
+                        path.unlink(missing_ok=True)
         except UserError:  # its worker has not exited yet
             running.add(key)
     for folder in (out / "cells").glob("[!.]*"):

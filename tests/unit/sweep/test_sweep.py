@@ -351,6 +351,53 @@ def test_a_stopped_sweep_leaves_no_lock_and_no_half_written_cell(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.toml", "out"]
 
 
+# Installed in the processes of a sweep (sitecustomize): a cell's results file is written in half,
+# then the write hangs, so that the sweep can be stopped in the middle of it.
+STUCK_RESULTS = """
+import time
+import pandas
+
+def stuck(self, path, *args, **kwargs):
+    with open(path, "wb") as file:
+        file.write(b"PAR1 half a parquet file")
+    time.sleep(600)
+
+pandas.DataFrame.to_parquet = stuck
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_sweep_stopped_while_a_cell_writes_its_results_leaves_no_temporary_file(
+    signum: signal.Signals, tmp_path: Path
+) -> None:
+    """SIGTERM: the stopped sweep removes the cell's half-written results file; SIGKILL (the
+    sweep cannot): the re-run removes it. The re-run finishes the cell."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(STUCK_RESULTS)
+    grid = write_grid(tmp_path, grid_text('[axes]\n"model.n_layers" = [1]'))
+    out = tmp_path / "out"
+    path = os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "nopelab", "sweep", str(grid), "--out", str(out)],
+        cwd=tmp_path,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    deadline = time.monotonic() + 120
+    while not list((out / "results").glob(".*.tmp")):  # the write has begun
+        assert sweep.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    sweep.send_signal(signum)
+    assert sweep.wait(timeout=60) == (130 if signum == signal.SIGTERM else -signal.SIGKILL)
+    if signum == signal.SIGTERM:
+        assert list((out / "results").iterdir()) == []
+    again = run_sweep_cli([str(grid), "--out", str(out)], tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert [p.suffix for p in (out / "results").iterdir()] == [".parquet"]
+    assert not list((out / "cells").glob(".*"))
+
+
 @pytest.mark.slow
 def test_a_failing_cell_is_recorded_and_the_others_finish(tmp_path: Path) -> None:
     """seq_len 8 cannot hold a copy line: that cell fails at run time with one line."""
