@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from nopelab.runtime.rundir import replace_atomically
 from nopelab.sweep.cluster import start_ray, start_worker, worker_threads
 
 DONE = "done.json"  # in ROOT/KEY when the job has finished
+STOP_WAIT = 10.0  # seconds stopped workers get to clean up (locks, temporary files) and exit
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,7 @@ def _on_processes(
         initargs=(share.threads, keep_going),
     )
     try:
-        pending = {pool.submit(_run, job, root, None, keep_going): job for job in todo}
+        pending = {pool.submit(_in_worker, job, root, keep_going): job for job in todo}
         with progress_bar(transient=False) as bar:
             progress.bar = bar
             shown = bar.add_task(
@@ -205,12 +207,41 @@ def _on_processes(
                     if error is None:
                         bar.advance(shown)
     except BaseException:
-        # the pool's own processes (the executor keeps no public list): what Ray's shutdown does
-        for process in list((getattr(pool, "_processes", None) or {}).values()):
-            process.kill()
+        _stop(list((getattr(pool, "_processes", None) or {}).values()))  # no public list
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _in_worker(job: Job, root: Path, keep_going: bool) -> str | None:
+    """:func:`_run` in a pool's worker process: SIGTERM (the pool stopping) interrupts the job,
+    which cleans up as an interrupted command does (its lock, temporary files and unfinished
+    folder), then ends the worker; an idle worker just ends."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        return _run(job, root, None, keep_going)
+    except KeyboardInterrupt:
+        os._exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _stop(processes: list[Any]) -> None:
+    """Stop a pool's worker processes: SIGTERM, so that their jobs clean up; SIGKILL for those
+    still running after :data:`STOP_WAIT` seconds (or when this process is interrupted again)."""
+    for process in processes:
+        process.terminate()
+    deadline = time.monotonic() + STOP_WAIT
+    try:
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        for process in processes:
+            process.kill()
 
 
 def _on_ray(

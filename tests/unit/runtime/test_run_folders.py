@@ -19,6 +19,7 @@ import pytest
 from helpers import failure_line, run_cli
 from nopelab.runtime.rundir import RUN_MARKER, locked, write_json
 from nopelab.training import checkpoint
+from stuck import stuck_at
 
 TINY = ["--layers", "1", "--heads", "2", "--d-model", "16", "--seq-len", "8", "--samples", "4",
         "--batch-size", "2", "--device", "cpu"]  # fmt: skip
@@ -303,6 +304,33 @@ def test_sigterm_stops_a_reproduction_and_its_workers(tmp_path) -> None:
     snapshot = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
     time.sleep(3)  # the training processes were stopped too: nothing changes any more
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == snapshot
+
+
+@pytest.mark.slow
+def test_a_reproduction_interrupted_while_its_models_write_checkpoints_leaves_no_lock_or_temp(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while the worker processes write their models' checkpoints: the workers clean up
+    as an interrupted ``train`` does (lock files, temporary checkpoint files); --resume works."""
+    out = tmp_path / "wang"
+    args = ["reproduce", "wang2024", "--scale", "smoke", "--device", "cpu", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nopelab", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=stuck_at("model.safetensors", tmp_path / "hooks"),
+    )
+    _wait_for(lambda: len(list((out / "runs").glob("*/.model.safetensors.*.tmp"))) == 2)
+    assert list((out / "runs").glob(".*.lock"))  # both models' folders are locked
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert not [p for p in (out / "runs").rglob("*") if p.name.endswith((".lock", ".tmp"))]
+    again = [sys.executable, "-m", "nopelab", *args, "--resume"]
+    done = subprocess.run(again, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_an_interrupt_swallowed_by_a_c_callback_is_delivered_again() -> None:

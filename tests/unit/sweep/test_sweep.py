@@ -20,6 +20,7 @@ from nopelab.errors import ConfigError, UserError
 from nopelab.runtime.rundir import locked
 from nopelab.sweep.engine import prepare
 from nopelab.sweep.grid import parse_grid, read_grid
+from stuck import stuck_at
 
 # Ray's connect windows (the GCS port, each connect attempt, the Python client), in seconds:
 # short, so that a test of a server that is not Ray takes seconds (by default 40)
@@ -351,38 +352,19 @@ def test_a_stopped_sweep_leaves_no_lock_and_no_half_written_cell(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.toml", "out"]
 
 
-# Installed in the processes of a sweep (sitecustomize): a cell's results file is written in half,
-# then the write hangs, so that the sweep can be stopped in the middle of it.
-STUCK_RESULTS = """
-import time
-import pandas
-
-def stuck(self, path, *args, **kwargs):
-    with open(path, "wb") as file:
-        file.write(b"PAR1 half a parquet file")
-    time.sleep(600)
-
-pandas.DataFrame.to_parquet = stuck
-"""
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_a_sweep_stopped_while_a_cell_writes_its_results_leaves_no_temporary_file(
     signum: signal.Signals, tmp_path: Path
 ) -> None:
-    """SIGTERM: the stopped sweep removes the cell's half-written results file; SIGKILL (the
+    """SIGTERM: the stopped sweep removes the cell's temporary results file; SIGKILL (the
     sweep cannot): the re-run removes it. The re-run finishes the cell."""
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(STUCK_RESULTS)
     grid = write_grid(tmp_path, grid_text('[axes]\n"model.n_layers" = [1]'))
     out = tmp_path / "out"
-    path = os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))
     sweep = subprocess.Popen(
         [sys.executable, "-m", "nopelab", "sweep", str(grid), "--out", str(out)],
         cwd=tmp_path,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": path},
+        env=stuck_at("*.parquet", tmp_path / "hooks"),
     )
     deadline = time.monotonic() + 120
     while not list((out / "results").glob(".*.tmp")):  # the write has begun
