@@ -513,16 +513,24 @@ _BARE = re.compile(r"[a-z0-9_]*")  # what a part of a join of names looks like
 def embedded_names(source: str, field: str = "--corpus") -> list[str] | None:
     """The names of ``source`` if it is an embedded corpus or a ``+``-join of them, else None
     (a file, a folder or ``hf:``; a name wins over a file of that name, which ``./NAME`` reads).
-    A join of bare names with an unknown or repeated one is a :class:`ConfigError` for
-    ``field``."""
+    A :class:`ConfigError` for ``field``: a join of bare names with an unknown or repeated one,
+    or a join of embedded names that is also a file or folder here (which one is meant?)."""
     if source.startswith("hf:"):
         return None
     names = source.split("+")
     if len(names) == 1:
         return names if source in EMBEDDED_CORPORA else None
-    if not all(_BARE.fullmatch(name) for name in names) or Path(source).expanduser().exists():
+    if not all(_BARE.fullmatch(name) for name in names):
         return None  # a path such as c++.txt
     unknown = [name for name in names if name not in EMBEDDED_CORPORA]
+    if Path(source).expanduser().exists():
+        if unknown:
+            return None  # a file such as my+notes
+        raise ConfigError(
+            field,
+            f"{source!r} names embedded corpora and also a file or folder here; write "
+            f"./{source} for the file or folder",
+        )
     if unknown:
         raise ConfigError(
             field,

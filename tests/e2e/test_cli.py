@@ -337,6 +337,19 @@ def test_unwritable_output(tmp_path: Path, capsys, monkeypatch) -> None:
     assert blocker.read_text() == "x"
 
 
+def test_a_corpus_name_that_is_also_a_file_here_is_refused(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("sotu+default").write_text("the user's own text")
+    assert run_cli(["train", "--corpus", "sotu+default", "--steps", "1"], monkeypatch) == 2
+    assert capsys.readouterr().err.strip() == (
+        "nopelab: error: --corpus: 'sotu+default' names embedded corpora and also a file or "
+        "folder here; write ./sotu+default for the file or folder"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["sotu+default"]
+
+
 def test_reproduce_rejects_unknown_names(tmp_path: Path, capsys, monkeypatch) -> None:
     for args, field in (
         (["reproduce", "vaswani2017"], "paper"),

@@ -101,6 +101,23 @@ def test_a_file_named_like_a_join_is_a_file(
     assert load_text("a+b.txt") == "file text"
 
 
+def test_a_join_of_names_that_is_also_a_file_here_is_refused_as_ambiguous(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which text a run trained on must not depend on the folder it was started in: the name
+    and the file are told apart by ./ (a join of unknown names that is a file is the file)."""
+    monkeypatch.chdir(tmp_path)
+    Path("sotu+default").write_text("the user's own text")
+    Path("my+notes").write_text("notes")
+    message = r"^--corpus: 'sotu\+default' names embedded corpora and also a file or folder here; "
+    with pytest.raises(ConfigError, match=message + r"write \./sotu\+default for the file"):
+        load_text("sotu+default")
+    with pytest.raises(ConfigError, match=r"^source: 'sotu\+default' names embedded corpora"):
+        CorpusConfig(source="sotu+default")
+    assert load_text("./sotu+default") == "the user's own text"
+    assert load_text("my+notes") == "notes"
+
+
 def test_load_txt_file(tmp_path: Path) -> None:
     path = tmp_path / "a.md"
     path.write_text("héllo\nworld\n", encoding="utf-8")
