@@ -8,16 +8,19 @@ reads; its names and its length must fit the filesystem. ``--force`` replaces on
 holds a nopelab run (it has the marker file :data:`RUN_MARKER`). While a command writes ``--out``
 it holds an exclusive lock on it, so a second writer is refused; the lock file records the
 holder's process id, and the lock of a holder that was killed is free: the next writer takes it
-over and removes the file. Files and folders get the user's umask.
+over and removes the file, and the staging folder the killed holder left. Files and folders get
+the user's umask.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -255,6 +258,7 @@ def staged_run(
     try:
         with locked(out):
             check_out(out, force, inputs)  # again: another writer may have finished meanwhile
+            remove_stale_staging(out)
             try:
                 staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
             except OSError as exc:
@@ -276,6 +280,19 @@ def staged_run(
     except BaseException:
         remove_empty(created)
         raise
+
+
+def remove_stale_staging(out: Path) -> None:
+    """Remove the staging folders of ``out`` that killed commands left (e.g. by SIGKILL): the
+    caller holds ``out``'s lock, which their writers held, so those are gone. Only folders named
+    (``tempfile.mkdtemp``'s 8 characters) and marked as nopelab makes them, or left empty (killed
+    before the marker), are removed."""
+    prefix = f".{out.name}.staging-"
+    for folder in out.parent.glob(glob.escape(prefix) + "*"):
+        if not re.fullmatch(r"[a-z0-9_]{8}", folder.name[len(prefix) :]) or not folder.is_dir():
+            continue
+        if (folder / RUN_MARKER).is_file() or not any(folder.iterdir()):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def is_disk_full(exc: OSError) -> bool:

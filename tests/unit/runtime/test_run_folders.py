@@ -114,6 +114,34 @@ def test_a_second_writer_is_refused(tmp_path, capsys, monkeypatch) -> None:
     assert not (tmp_path / ".run.lock").exists()  # and is removed
 
 
+def test_a_killed_commands_staging_folder_is_removed_by_the_next_run(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """A command killed by SIGKILL leaves its hidden staging folder; the next command into the
+    same --out removes it once it holds the lock (the owner is gone), and nothing else."""
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from nopelab.runtime.rundir import staged_run\n"
+         "with staged_run(Path(sys.argv[1]), False) as staging:\n"
+         "    print(staging.name, flush=True); time.sleep(60)", str(out)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None
+    staging = tmp_path / holder.stdout.readline().strip()
+    assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 2  # its owner lives
+    assert "another nopelab process is writing" in _one_line(capsys)
+    holder.kill()
+    holder.wait()
+    assert (staging / RUN_MARKER).is_file()
+    users = tmp_path / ".run.staging-mine1234"  # the same kind of name, not made by nopelab
+    users.mkdir()
+    (users / "notes.txt").write_text("the user's own file")
+    assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [users.name, "run"]
+    assert (users / "notes.txt").is_file()
+
+
 def test_a_lock_waits_for_its_holder_when_asked(tmp_path: Path) -> None:
     out = tmp_path / "run"
     holder = subprocess.Popen(
