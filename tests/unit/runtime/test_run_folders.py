@@ -34,6 +34,16 @@ def _tree(folder: Path) -> dict[str, bytes]:
     }
 
 
+def _holder(code: str, out: Path) -> subprocess.Popen[str]:
+    """Another process running ``code`` on ``out`` (with ``locked``, ``staged_run`` and ``time``
+    imported), its output readable."""
+    prelude = "import sys, time; from pathlib import Path\n"
+    prelude += "from nopelab.runtime.rundir import locked, staged_run\nout = Path(sys.argv[1])\n"
+    return subprocess.Popen(
+        [sys.executable, "-c", prelude + code, str(out)], stdout=subprocess.PIPE, text=True
+    )
+
+
 def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
@@ -92,12 +102,7 @@ def test_force_replaces_only_a_nopelab_run(tmp_path, capsys, monkeypatch) -> Non
 
 def test_a_second_writer_is_refused(tmp_path, capsys, monkeypatch) -> None:
     out = tmp_path / "run"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from nopelab.runtime.rundir import locked\nwith locked(Path(sys.argv[1])):\n"
-         "    print('locked', flush=True); time.sleep(60)", str(out)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    holder = _holder("with locked(out):\n    print('locked', flush=True); time.sleep(60)", out)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         for args in (["analyze", *TINY], [*TRAIN, "--steps", "2"]):
@@ -120,13 +125,10 @@ def test_a_killed_commands_staging_folder_is_removed_by_the_next_run(
     """A command killed by SIGKILL leaves its hidden staging folder; the next command into the
     same --out removes it once it holds the lock (the owner is gone), and nothing else."""
     out = tmp_path / "run"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from nopelab.runtime.rundir import staged_run\n"
-         "with staged_run(Path(sys.argv[1]), False) as staging:\n"
-         "    print(staging.name, flush=True); time.sleep(60)", str(out)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    holder = _holder(
+        "with staged_run(out, False) as staging:\n    print(staging.name, flush=True); time.sleep(60)",
+        out,
+    )
     assert holder.stdout is not None
     staging = tmp_path / holder.stdout.readline().strip()
     assert run_cli(["analyze", *TINY, "--out", str(out)], monkeypatch) == 2  # its owner lives
@@ -144,13 +146,11 @@ def test_a_killed_commands_staging_folder_is_removed_by_the_next_run(
 
 def test_a_lock_waits_for_its_holder_when_asked(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from nopelab.runtime.rundir import locked\nwith locked(Path(sys.argv[1])):\n"
-         "    print('locked', flush=True); time.sleep(1); letting_go = time.time()\n"
-         "print(letting_go, flush=True)", str(out)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    holder = _holder(
+        "with locked(out):\n    print('locked', flush=True); time.sleep(1); letting_go = time.time()\n"
+        "print(letting_go, flush=True)",
+        out,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         with locked(out, wait=60):
