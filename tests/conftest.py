@@ -22,6 +22,10 @@ if platform.machine().lower() in ("x86_64", "amd64"):
     ):
         os.environ.setdefault(name, value)
 
+# OpenMP threads that sleep while they wait, as `import nopelab` sets for every use: threads that
+# spin make the suite many times slower beside other work (set before torch loads OpenMP).
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
 import numpy as np
 import pytest
 import torch

@@ -1,8 +1,8 @@
 """``python -m nopelab``, and the light entry point of the ``nopelab`` command.
 
 Importing the commands takes a second or more (PyTorch); an interrupt in that time is one line
-and status 130 like any other, so the handlers are set before anything heavy is imported, as is
-the OpenMP setting that PyTorch reads when it loads.
+and status 130 like any other, so the handlers are set before anything heavy is imported (the
+package itself sets the OpenMP wait policy that PyTorch reads when it loads).
 """
 
 import os
@@ -16,11 +16,6 @@ def main() -> None:
     """Run the ``nopelab`` command line; Ctrl-C or SIGTERM while it starts exits 130 quietly,
     and the process ends as soon as the command has."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops it as Ctrl-C does
-    if sys.argv[1:2] != ["train"]:
-        # Statistics alternate between PyTorch's OpenMP threads and numba's: threads that spin
-        # while they wait starve the other pool on a shared CPU (docs/performance.md). Read
-        # once, when PyTorch loads; training keeps the default its throughput was measured with.
-        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     try:
         from nopelab.cli import main as run  # the package registers every command
     except KeyboardInterrupt:

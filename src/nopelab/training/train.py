@@ -20,7 +20,8 @@ A training run directory holds:
   test line; text: ``loss`` and ``perplexity``, also at 2x and 4x the training length, and
   with a BPE ``loss_per_byte``),
   ``steps`` trained, ``steps_to_target`` (the step at which a task run with ``stop_at`` reached
-  it, else null), ``tokens_per_second``.
+  it, else null), ``tokens_per_second``, ``threads`` (CPU threads per process: one for a step
+  too small to split, :mod:`nopelab.runtime.threads`).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from nopelab.runtime.rundir import (
     staged_run,
     write_json,
 )
+from nopelab.runtime.threads import torch_threads, training_threads
 from nopelab.training.checkpoint import (
     KEPT_FOLDER,
     MODEL_FILE,
@@ -343,10 +345,13 @@ def train(
                         source.save_tokenizer(staging)
                 placed = True
             _barrier()
-            return _train(
-                run, out, source, device, resume, progress, stop_after, summary_writer, label,
-                figures,
-            )  # fmt: skip
+            cfg = run.train
+            small = training_threads(cfg.batch_size * cfg.seq_len, run.model.d_model)
+            with torch_threads(small if device.type == "cpu" else None):
+                return _train(
+                    run, out, source, device, resume, progress, stop_after, summary_writer,
+                    label, figures,
+                )  # fmt: skip
     except BaseException:
         if placed and not (out / STATE_FILE).is_file():  # no checkpoint yet: nothing to keep
             shutil.rmtree(out, ignore_errors=True)
@@ -646,6 +651,7 @@ class Trainer:
             "train_seconds": self.train_seconds + seconds,
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "processes": world_size(),
+            "threads": torch.get_num_threads(),
             "device": str(self.device),
         }
         if self.main_process:
