@@ -31,6 +31,7 @@ from nopelab.training.task_config import TaskConfig
 from nopelab.training.train import train
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_chi2023_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "chi"
@@ -64,6 +65,7 @@ def test_chi2023_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert (out / "probes.png").stat().st_size > 0
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_the_main_job_keeps_its_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's main job, ``nopelab reproduce chi2023`` at its default scale, gives the
@@ -77,6 +79,7 @@ def test_the_main_job_keeps_its_numbers(tmp_path: Path, monkeypatch: pytest.Monk
     assert_matches_reference(out, "chi2023-random-init-small")
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_zuo2025_random_init_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "zuo"
@@ -102,6 +105,7 @@ def test_zuo2025_random_init_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert_matches_reference(out, "zuo2025-random-init")
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_zuo2025_trained_smoke_interrupted_and_resumed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -193,6 +197,7 @@ def test_zuo2025_trained_smoke_interrupted_and_resumed(
     assert "Trained through a curriculum" in text
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_chi2023_pretrained_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "chi-pretrained"
@@ -270,6 +275,7 @@ def test_a_reproduction_trains_on_the_corpus_it_is_given(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_haviv2022_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "haviv"
@@ -300,6 +306,7 @@ def test_haviv2022_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert_matches_reference(out, "haviv2022-pretrained")
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_zuo2025_probes_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "zuo-probes"
@@ -456,6 +463,7 @@ def test_train_into_runs_a_curriculum_stage_by_stage(tmp_path: Path) -> None:
     assert {p: p.stat().st_mtime_ns for p in written} == written
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_haviv2022_sizes_smoke_and_its_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -506,6 +514,7 @@ def test_haviv2022_sizes_smoke_and_its_resume(
     pd.testing.assert_frame_equal(again.drop(columns=timing), models.drop(columns=timing))
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_chi2023_probe_study_smoke_and_its_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

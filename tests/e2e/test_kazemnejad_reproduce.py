@@ -14,6 +14,7 @@ from helpers import assert_matches_reference, reproduce, run_cli
 from nopelab.experiments.kazemnejad2023 import POS_ENCODINGS, SCALES, STRETCH
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_kazemnejad2023_smoke_and_its_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

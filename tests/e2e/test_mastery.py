@@ -180,6 +180,7 @@ def test_mastery_part_reports_every_seed(tmp_path: Path, monkeypatch: pytest.Mon
     assert (tmp_path / "mastery.png").stat().st_size > 0
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_mastery_smoke_matches_the_reference(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

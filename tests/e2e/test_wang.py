@@ -24,6 +24,7 @@ FILES = (
 )
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_wang2024_smoke_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "wang"

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import time
@@ -259,11 +260,16 @@ def staged_run(
         with locked(out):
             check_out(out, force, inputs)  # again: another writer may have finished meanwhile
             remove_stale_staging(out)
+            staging = unused_name(out.parent, f".{out.name}.staging-")
             try:
-                staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
-            except OSError as exc:
-                raise UserError(f"--out: cannot write in {out.parent}: {exc.strerror}") from None
-            try:
+                # made inside the clean-up's reach: an interrupt that lands as mkdir returns
+                # (a signal sent as soon as the folder shows) still removes it
+                try:
+                    staging.mkdir(mode=0o700)
+                except OSError as exc:
+                    raise UserError(
+                        f"--out: cannot write in {out.parent}: {exc.strerror}"
+                    ) from None
                 write_marker(staging, command)
                 yield staging
                 apply_umask(staging)
@@ -282,10 +288,17 @@ def staged_run(
         raise
 
 
+def unused_name(folder: Path, prefix: str) -> Path:
+    """``folder / (prefix + 8 random hex digits)`` that does not exist yet."""
+    while (path := folder / f"{prefix}{secrets.token_hex(4)}").exists():
+        pass
+    return path
+
+
 def remove_stale_staging(out: Path) -> None:
     """Remove the staging folders of ``out`` that killed commands left (e.g. by SIGKILL): the
     caller holds ``out``'s lock, which their writers held, so those are gone. Only folders named
-    (``tempfile.mkdtemp``'s 8 characters) and marked as nopelab makes them, or left empty (killed
+    (:func:`unused_name`'s 8 characters) and marked as nopelab makes them, or left empty (killed
     before the marker), are removed."""
     prefix = f".{out.name}.staging-"
     for folder in out.parent.glob(glob.escape(prefix) + "*"):

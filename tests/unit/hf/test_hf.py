@@ -447,6 +447,7 @@ def test_smollm2_gguf_loads_and_uses_rope_everywhere(smollm2):
         assert text_loss(model, x, y) > loss + 0.5  # trained with RoPE, it needs it
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_reproduce_real_model_smoke(tmp_path, monkeypatch):
     out = tmp_path / "real"

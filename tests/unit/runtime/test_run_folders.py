@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from helpers import failure_line, run_cli
-from nopelab.runtime.rundir import RUN_MARKER, locked, write_json
+from nopelab.runtime.rundir import RUN_MARKER, locked, staged_run, write_json
 from nopelab.training import checkpoint
 from stuck import stuck_at
 
@@ -292,6 +292,24 @@ def test_a_signal_during_analysis_leaves_nothing(signum, tmp_path) -> None:
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "nopelab: interrupted; nothing was written", err
     assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupt_as_the_staging_folder_is_made_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal sent as soon as the staging folder shows (the test above, on a loaded machine)
+    can land as ``mkdir`` returns, before the code that made it has its name."""
+    mkdir = os.mkdir
+
+    def interrupted(path, *args, **kwargs):
+        mkdir(path, *args, **kwargs)
+        if ".staging-" in str(path):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "mkdir", interrupted)
+    with pytest.raises(KeyboardInterrupt), staged_run(tmp_path / "made" / "run", force=False):
+        pytest.fail("the staging folder was not made")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -1,0 +1,101 @@
+"""How far the stored smoke references move when the arithmetic's order changes.
+
+Run: ``.venv/bin/python scripts/reference_spread.py`` (about 7 minutes on 2 cores per
+variant). It runs the tests marked ``reference`` (``pytest -m reference``) once per variant,
+each writing the summaries it compared into a folder of its own (``NOPELAB_REFERENCE_DUMP``),
+then prints, for every kind of number that ``tests/helpers.py`` compares, the largest deviation
+from ``tests/references/`` over all variants, in the unit its tolerance is stated in
+(relative, or absolute for scores that count comparisons and for correlations).
+
+The variants change the order in which sums are taken, as another CPU does: the vector width
+of PyTorch's, MKL's and oneDNN's kernels (the tests pin AVX2; a CPU with AVX-512 or without AVX2
+rounds differently) and the number of threads that split a reduction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from helpers import REFERENCES, kind_of  # noqa: E402
+
+VARIANTS = {
+    "AVX-512 kernels": {
+        "ATEN_CPU_CAPABILITY": "avx512",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+    },
+    "no vector kernels, one thread": {
+        "ATEN_CPU_CAPABILITY": "default",
+        "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+        "ONEDNN_MAX_CPU_ISA": "SSE41",
+        "OMP_NUM_THREADS": "1",
+    },
+}
+
+
+def leaves(value: Any, where: str = "") -> dict[str, Any]:
+    """Every number in a JSON value, by its path."""
+    if isinstance(value, dict):
+        return {
+            k: v for key, item in value.items() for k, v in leaves(item, f"{where}.{key}").items()
+        }
+    if isinstance(value, list):
+        return {
+            k: v for i, item in enumerate(value) for k, v in leaves(item, f"{where}[{i}]").items()
+        }
+    return {where: value} if isinstance(value, float) else {}
+
+
+def deviations(got: Path) -> dict[str, tuple[float, str]]:
+    """Per kind of number, the largest deviation of the summaries in ``got`` from the stored
+    references, and where it is."""
+    worst: dict[str, tuple[float, str]] = {}
+    for path in sorted(got.glob("*.json")):
+        mine = leaves(json.loads(path.read_text()))
+        for where, want in leaves(json.loads((REFERENCES / path.name).read_text())).items():
+            have = mine.get(where)
+            if have is None or want != want or have != have:
+                continue
+            kind, relative = kind_of(where)
+            gap = abs(have - want) / (abs(want) or 1.0) if relative else abs(have - want)
+            if gap > worst.get(kind, (-1.0, ""))[0]:
+                worst[kind] = (gap, f"{path.stem}{where}")
+    return worst
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", type=Path, default=None, help="keep the summaries here")
+    args = parser.parse_args()
+    folder = args.keep or Path(tempfile.mkdtemp(prefix="reference-spread-"))
+    found = {}
+    for index, (name, env) in enumerate(VARIANTS.items()):
+        dump = folder / str(index)
+        print(f"{name}: pytest -m reference", flush=True)
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-m", "reference", "-p", "no:cacheprovider"],
+            cwd=ROOT,
+            env={**os.environ, **env, "NOPELAB_REFERENCE_DUMP": str(dump)},
+            check=False,
+        )
+        found[name] = deviations(dump)
+    print("\nlargest deviation from tests/references, per kind of number")
+    kinds = sorted({kind for worst in found.values() for kind in worst})
+    for kind in kinds:
+        print(f"{kind}:")
+        for name, worst in found.items():
+            gap, where = worst.get(kind, (0.0, "-"))
+            print(f"  {name:32s} {gap:.2e}  ({where})")
+
+
+if __name__ == "__main__":
+    main()
