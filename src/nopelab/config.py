@@ -560,7 +560,6 @@ class CorpusConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        embedded_names(self.source, "source")  # an unknown or repeated name in a join
         if self.tokenizer == "bpe" and not 256 < self.bpe_vocab <= MAX_BPE_VOCAB:
             raise ConfigError(
                 "bpe_vocab", f"must be in 257..{MAX_BPE_VOCAB} for a BPE, got {self.bpe_vocab}"

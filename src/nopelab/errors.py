@@ -28,3 +28,16 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's message, or its type's name when it has none."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether an error stems from an interrupt: Python wraps a KeyboardInterrupt raised while a
+    class is created (a module being imported) in a RuntimeError."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False

@@ -12,7 +12,7 @@ import typer
 
 from nopelab.cli.app import app
 from nopelab.cli.options import COMMANDS
-from nopelab.errors import INTERRUPTED, RunFailed, UserError
+from nopelab.errors import INTERRUPTED, RunFailed, UserError, interrupted
 from nopelab.runtime.allocator import keep_freed_memory
 from nopelab.runtime.rundir import is_disk_full
 
@@ -74,26 +74,13 @@ def _run() -> None:
     except KeyboardInterrupt:
         _exit_interrupted()
     except Exception as exc:
-        if _interrupted(exc):
+        if interrupted(exc):
             _exit_interrupted()
         if not (isinstance(exc, OSError) and is_disk_full(exc)):
             raise
         where = f" while writing {exc.filename}" if exc.filename else ""
         typer.echo(f"nopelab: error: {exc.strerror}{where}; nothing half-written is kept", err=True)
         sys.exit(1)
-
-
-def _interrupted(exc: BaseException) -> bool:
-    """Whether an error stems from an interrupt: Python wraps a KeyboardInterrupt raised while a
-    class is created (a module being imported) in a RuntimeError."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt):
-            return True
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return False
 
 
 def _exit_interrupted() -> None:

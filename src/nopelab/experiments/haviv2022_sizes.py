@@ -99,17 +99,19 @@ def settings(
     """The scale's models; ``sizes`` (``--sizes``) replaces its list of sizes."""
     s = SCALES[scale]
     resolve_device(device)
+    flag = f"--scale {scale}" if sizes is None else "--sizes"  # what set the sizes
     sizes = s["sizes"] if sizes is None else sizes
     check_sizes(sizes)
     train = s["train"]
     tokens_per_step = train["batch_size"] * train["seq_len"]
     models = []
     for index, size in enumerate(sizes, 1):
-        nope = next(iter(lm_runs(("none",), size, {**train, "steps": 1}, seed, device).values()))
-        m = nope.model
-        shown = f"--sizes: {m.d_model}x{m.n_layers}x{m.n_heads}"
-        check_training(m, train["batch_size"], train["seq_len"], shown)
-        parameters = parameter_count(nope.model)  # closed form: no model is built
+        for run in lm_runs(POS_ENCODINGS, size, {**train, "steps": 1}, seed, device).values():
+            m = run.model  # a learned table or ALiBi's scores may not fit where NoPE does
+            shown = f"{flag}: {m.d_model}x{m.n_layers}x{m.n_heads}"
+            check_training(m, train["batch_size"], train["seq_len"], shown)
+            if m.pos_encoding == "none":
+                parameters = parameter_count(m)  # closed form: no model is built
         tokens = max(s["tokens_per_parameter"] * parameters, s["min_tokens"])
         steps = math.ceil(tokens / tokens_per_step)
         for offset in range(s["seeds"]):

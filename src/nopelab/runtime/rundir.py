@@ -260,13 +260,14 @@ def staged_run(
         with locked(out):
             check_out(out, force, inputs)  # again: another writer may have finished meanwhile
             remove_stale_staging(out)
-            staging = unused_name(out.parent, f".{out.name}.staging-")
+            staging, mine = unused_name(out.parent, f".{out.name}.staging-"), True
             try:
                 # made inside the clean-up's reach: an interrupt that lands as mkdir returns
                 # (a signal sent as soon as the folder shows) still removes it
                 try:
                     staging.mkdir(mode=0o700)
-                except OSError as exc:
+                except OSError as exc:  # also a folder of that name made since: not ours
+                    mine = False
                     raise UserError(
                         f"--out: cannot write in {out.parent}: {exc.strerror}"
                     ) from None
@@ -281,7 +282,8 @@ def staged_run(
                 else:
                     staging.rename(out)
             except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
+                if mine:
+                    shutil.rmtree(staging, ignore_errors=True)
                 raise
     except BaseException:
         remove_empty(created)

@@ -21,8 +21,8 @@ def start_ray(
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every line as printed
     import ray
 
-    if ray.is_initialized():  # connected already (a sweep connects before making its folder)
-        return
+    if address is not None and ray.is_initialized() and _connected == address:
+        return  # connect_ray's connection (a sweep connects before making its folder)
     on_sigterm = signal.getsignal(signal.SIGTERM)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, private cluster
     os.environ.setdefault("RAY_worker_niceness", "0")  # tasks run at the priority a serial run has
@@ -37,14 +37,19 @@ def start_ray(
         signal.signal(signal.SIGTERM, on_sigterm)
 
 
+_connected: str | None = None  # the cluster connect_ray connected this process to
+
+
 def connect_ray(address: str) -> None:
     """Connect to the Ray cluster at ``address`` (``--address``) for a sweep's tasks, or refuse
     in one line; what Ray prints while it tries (warnings of every retry) is dropped."""
     sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)  # Ray's C++ core writes to the file descriptor, not to sys.stderr
+    global _connected
     try:
         start_ray(address)
+        _connected = address
     except Exception as exc:  # ConnectionError, or whatever else Ray raises for a bad cluster
         raise UserError(
             f"--address: cannot connect to a Ray cluster at {address}: {first_line(exc)}"

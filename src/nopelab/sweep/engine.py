@@ -132,8 +132,18 @@ def run_sweep(grid: Grid, out: Path, address: str | None = None) -> dict[str, in
     if target.exists() and not target.is_dir():
         raise UserError(f"--out: {out} exists and is not a directory")
     out = target
-    if address is not None:  # before the sweep's folder: a cluster that fails writes nothing
-        connect_ray(address)
+    if address is None:
+        return _run_cells(grid, cells, out, None)
+    connect_ray(address)  # before the sweep's folder: a cluster that fails writes nothing
+    try:
+        return _run_cells(grid, cells, out, address)
+    finally:
+        import ray
+
+        ray.shutdown()  # also when the folder is refused or every cell had finished
+
+
+def _run_cells(grid: Grid, cells: list[Cell], out: Path, address: str | None) -> dict[str, int]:
     r = grid.resources
     jobs = [Job(cell.key, run_cell_job, (cell,)) for cell in cells]
     with locked(out):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nopelab.errors import RunFailed, UserError, first_line
+from nopelab.errors import RunFailed, UserError, first_line, interrupted
 from nopelab.runtime.progress import progress_bar, say
 from nopelab.runtime.rundir import replace_atomically
 from nopelab.sweep.cluster import start_ray, start_worker, worker_threads
@@ -137,7 +137,7 @@ def _run(job: Job, root: Path, threads: int | None, keep_going: bool) -> str | N
     try:
         run_job(job, root)
     except Exception as exc:
-        if not keep_going:
+        if not keep_going or interrupted(exc):  # an interrupt is no failure of the job
             raise
         return _record_failure(failed, first_line(exc))
     failed.unlink(missing_ok=True)
@@ -224,8 +224,10 @@ def _in_worker(job: Job, root: Path, keep_going: bool) -> str | None:
     signal.signal(signal.SIGTERM, interrupt)
     try:
         return _run(job, root, None, keep_going)
-    except KeyboardInterrupt:
-        os._exit(130)
+    except BaseException as exc:
+        if interrupted(exc):
+            os._exit(130)
+        raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 

@@ -368,8 +368,9 @@ def test_a_reproduction_interrupted_while_its_models_write_checkpoints_leaves_no
         text=True,
         env=stuck_at("model.safetensors", tmp_path / "hooks"),
     )
-    _wait_for(lambda: len(list((out / "runs").glob("*/.model.safetensors.*.tmp"))) == 2)
-    assert list((out / "runs").glob(".*.lock"))  # both models' folders are locked
+    # both models at once where there are two cores; one at a time on one core
+    _wait_for(lambda: any((out / "runs").glob("*/.model.safetensors.*.tmp")))
+    assert list((out / "runs").glob(".*.lock"))  # the models' folders are locked
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err, err
