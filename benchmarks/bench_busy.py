@@ -9,9 +9,10 @@ with the one-thread run under the same load, the best a process can do when anot
 the other core. Throughput: tokens per second of training from ``summary.json``; for
 ``analyze``, positions analysed per second of its statistics (``summary.json``'s ``seconds``).
 
-Settings: ``nopelab`` is the command as installed (its OpenMP wait policy and threads);
-``one thread`` adds ``OMP_NUM_THREADS=1``; ``spinning`` adds ``OMP_WAIT_POLICY=active``, threads
-that spin while they wait for work, the behaviour the command avoids. ``--setting NAME=VAR=VALUE``
+Settings: ``nopelab`` is the command as installed (passive OpenMP threads; one thread for a
+training step below PyTorch's grain size, as the task model's); ``one thread`` adds
+``OMP_NUM_THREADS=1``; ``spinning`` adds ``OMP_NUM_THREADS=2 OMP_WAIT_POLICY=active``: two
+threads that spin while they wait for work, the behaviour the command avoids. ``--setting NAME=VAR=VALUE``
 adds another (e.g. ``--setting spin1k=GOMP_SPINCOUNT=1000``).
 """
 
@@ -41,7 +42,7 @@ WORKLOADS = {
 SETTINGS = {
     "nopelab": {},
     "one thread": {"OMP_NUM_THREADS": "1"},
-    "spinning": {"OMP_WAIT_POLICY": "active"},
+    "spinning": {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "active"},
 }
 # the variables the settings change, unset for the as-installed run
 OPENMP = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")

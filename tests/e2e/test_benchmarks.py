@@ -27,3 +27,14 @@ def test_bench_train_times_the_language_model(monkeypatch: pytest.MonkeyPatch) -
     bench = importlib.import_module("bench_train")
     timing = bench.time_language_model("none", steps=2, warmup=1, threads=1)
     assert timing.batch == 32 and 0 < timing.best <= timing.median
+
+
+def test_bench_busy_reads_a_commands_throughput(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    bench = importlib.import_module("bench_busy")
+    train = f"train {bench.TASK} --steps 2"
+    assert bench.throughput(train, {"OMP_NUM_THREADS": "1"}, tmp_path / "train") > 0
+    analyze = "analyze --layers 1 --d-model 16 --heads 2 --seq-len 16 --samples 2"
+    assert bench.throughput(analyze, {}, tmp_path / "analyze") > 0
