@@ -37,31 +37,28 @@ VARIANTS = {
 }
 
 
-def leaves(value: Any, where: str = "") -> dict[str, Any]:
-    """Every number in a JSON value, by its path."""
+def flat(value: Any, where: str = "") -> dict[str, Any]:
+    """Every scalar in a JSON value, by its path."""
     if isinstance(value, dict):
         return {
-            k: v for key, item in value.items() for k, v in leaves(item, f"{where}.{key}").items()
+            k: v for key, item in value.items() for k, v in flat(item, f"{where}.{key}").items()
         }
     if isinstance(value, list):
         return {
-            k: v for i, item in enumerate(value) for k, v in leaves(item, f"{where}[{i}]").items()
+            k: v for i, item in enumerate(value) for k, v in flat(item, f"{where}[{i}]").items()
         }
-    return {where: value} if isinstance(value, float) else {}
+    return {where: value}
 
 
-def outcomes(value: Any, where: str = "") -> dict[str, Any]:
-    """Every value that the tests compare exactly (not a float: a verdict, a count, a break
-    that may be None), by its path."""
-    if isinstance(value, dict):
-        return {
-            k: v for key, item in value.items() for k, v in outcomes(item, f"{where}.{key}").items()
-        }
-    if isinstance(value, list):
-        return {
-            k: v for i, item in enumerate(value) for k, v in outcomes(item, f"{where}[{i}]").items()
-        }
-    return {} if isinstance(value, float) else {where: value}
+def leaves(value: Any) -> dict[str, float]:
+    """Every float in a JSON value (what the tests compare with a tolerance), by its path."""
+    return {k: v for k, v in flat(value).items() if isinstance(v, float)}
+
+
+def outcomes(value: Any) -> dict[str, Any]:
+    """Every value that the tests compare exactly (a verdict, a count, a break that may be
+    None), by its path."""
+    return {k: v for k, v in flat(value).items() if not isinstance(v, float)}
 
 
 def changed_outcomes(got: Path) -> tuple[list[str], int]:
