@@ -717,8 +717,9 @@ def perplexity_by_fix(ppl: pd.DataFrame, labels: dict[str, str], path: Path) -> 
         base = rows[(rows["fix"] == "none") & (rows["length_factor"] == 1)]["perplexity"].iloc[0]
         ax.axhline(1.1 * base, color="grey", ls=":", lw=1)
         ax.set(xscale="log", xlabel="× training length", title=_model_title(rows, labels))
-        factors = sorted(rows["length_factor"].unique())
-        ax.set_xticks(factors, [f"{f}" for f in factors])
+        factors = [f for f in sorted(rows["length_factor"].unique()) if f == round(f)]
+        ax.set_xticks(factors, [f"{f:g}" for f in factors])
+        ax.xaxis.set_minor_formatter("")
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("held-out perplexity (per byte)")
     axes[0][0].legend(fontsize=7)

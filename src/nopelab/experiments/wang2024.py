@@ -4,7 +4,7 @@ scaling the attention logits of the frozen model carries it.
 Byte-level NoPE and RoPE language models are trained at a short length T, one job per model
 (:func:`measure_model`, resumable). Each job then measures its model:
 
-* held-out loss by position and perplexity at 1x, 2x, 4x, 8x and 16x T
+* held-out loss by position and perplexity at 1x, 1.1x, 1.2x, 1.25x, 1.5x, 2x, 4x, 8x and 16x T
   (:mod:`nopelab.measure.length`): as trained, with every head's logits scaled by each uniform
   factor of the scale, and with HeadScale (a factor per head trained on the frozen model at
   ``length_factor`` x T; :mod:`nopelab.training.headscale`);
@@ -16,7 +16,9 @@ Byte-level NoPE and RoPE language models are trained at a short length T, one jo
 Where each breaks, on the bucketed curves at the longest analysed length (8x):
 
 * the *flat length* (:func:`~nopelab.measure.length.flat_length`): the longest length whose
-  perplexity, and that of every shorter length, is at most 10 % above the 1x one; the *loss break* (:func:`loss_break`): the first
+  perplexity, and that of every shorter length, is at most 10 % above the 1x perplexity of the
+  model as trained (for a fix too: a fix is judged against the model it fixes); the *loss
+  break* (:func:`loss_break`): the first
   position past T from which the loss per position stays more than ln 1.1 nats above its level
   over positions T/2..T;
 * the *entropy inflection* and the *variance departure* (:func:`departure`): the first position
@@ -77,7 +79,8 @@ from nopelab.training.train import autocast_for, load_trained, make_source
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "rope")
 LABELS = {"none": "NoPE", "rope": "RoPE"}
-LENGTHS = (1, 2, 4, 8, 16)  # multiples of the training length evaluated
+# multiples of the training length evaluated: fine past 1x, to locate the flat length to 0.1x
+LENGTHS = (1, 1.1, 1.2, 1.25, 1.5, 2, 4, 8, 16)
 MECHANISM_LENGTHS = (1, 2, 4, 8)  # those analysed
 BATCH_TOKENS = 8192  # tokens per forward pass when evaluating
 ENTROPY_TOLERANCE = 0.1  # nats off the line
@@ -145,10 +148,15 @@ def settings(scale: str, seed: int, device: str, corpus: str = "default") -> Set
     measures = Measures(
         s["eval_tokens"], s["buckets"], s["samples"], tuple(s["uniform"]), s["headscale"]
     )
-    longest = LENGTHS[-1] * s["train"]["seq_len"]
+    longest = window(LENGTHS[-1], s["train"]["seq_len"])
     if measures.eval_tokens < longest:  # at least one window at every length
         raise ValueError(f"scale {scale}: eval_tokens must be at least {longest}")
     return Settings(models, measures, default_workers(device))
+
+
+def window(factor: float, train_len: int) -> int:
+    """The evaluated length, in tokens, at ``factor`` x the training length."""
+    return round(factor * train_len)
 
 
 # ------------------------------------------------------------------------ one model (a job)
@@ -184,7 +192,7 @@ def measure_model(run: TrainRun, measures: Measures, folder: Path) -> None:
     lengths, positions = [], []
     for fix, (scale, variant) in variants.items():
         for factor in LENGTHS:
-            length = factor * train_len
+            length = window(factor, train_len)
             count = measures.eval_tokens // length
             pairs = chosen_windows(source.stream, length, count, run.train.seed)
             batch = max(1, BATCH_TOKENS // length)
@@ -263,10 +271,10 @@ def loss_break(
     return lasting_from(positions, loss > level + tolerance, train_len)
 
 
-def break_length(ppl: dict[int, float]) -> int | None:
+def break_length(ppl: dict[float, float]) -> float | None:
     """The first length factor past the flat length, or ``None`` when every length is flat."""
     flat = flat_length(ppl)
-    return next((f for f in sorted(ppl) if f > flat), None)
+    return next((f for f in sorted(ppl) if flat is None or f > flat), None)
 
 
 def adjacency_change(adjacency: pd.DataFrame) -> int | None:
@@ -312,8 +320,9 @@ def model_breaks(
 
 
 def fix_table(ppl: pd.DataFrame) -> pd.DataFrame:
-    """Per model and fix: the flat length, the perplexity at each length and the cost at 1x
-    (perplexity over the unscaled model's at 1x, minus 1)."""
+    """Per model and fix: the flat length against the model as trained (its 1x perplexity),
+    the perplexity at each length and the cost at 1x (perplexity over the unscaled model's at
+    1x, minus 1)."""
     rows = []
     for (model, fix), group in ppl.groupby(["model", "fix"], sort=False):
         lengths = dict(zip(group["length_factor"], group["perplexity"], strict=True))
@@ -323,12 +332,37 @@ def fix_table(ppl: pd.DataFrame) -> pd.DataFrame:
             {
                 "model": model,
                 "fix": fix,
-                "flat_length": flat_length(lengths),
+                "flat_length": flat_length(lengths, reference=base),
                 "cost_at_1x_percent": 100 * (lengths[1] / base - 1),
-                **{f"ppl_{f}x": lengths[f] for f in LENGTHS},
+                **{ppl_column(f): lengths[f] for f in sorted(lengths)},
             }
         )
     return pd.DataFrame(rows)
+
+
+def ppl_column(factor: float) -> str:
+    """:func:`fix_table`'s column of the perplexity at ``factor`` x T, e.g. ``ppl_1.25x``."""
+    return f"ppl_{factor:g}x"
+
+
+def flat_comparison(breaks: dict[str, dict[str, Any]]) -> str:
+    """Whether NoPE's flat length (as trained) is longer than RoPE's, seed by seed."""
+    seeds = sorted({int(k.rsplit("-seed", 1)[1]) for k in breaks})
+    pairs = [
+        (breaks[f"lm-none-seed{s}"]["flat_length"], breaks[f"lm-rope-seed{s}"]["flat_length"])
+        for s in seeds
+        if f"lm-none-seed{s}" in breaks and f"lm-rope-seed{s}" in breaks
+    ]
+    if not pairs:
+        return ""
+    longer = sum(n > r for n, r in pairs)
+    same = sum(n == r for n, r in pairs)
+    nope = ", ".join(_times(n) for n, _ in pairs)
+    rope = ", ".join(_times(r) for _, r in pairs)
+    return (
+        f"NoPE's flat length is longer than RoPE's at {longer} of {len(pairs)} "
+        f"seed{'s' if len(pairs) > 1 else ''}, the same at {same} (NoPE {nope}; RoPE {rope})."
+    )
 
 
 # ------------------------------------------------------------------------ the part
@@ -394,11 +428,13 @@ def seed_table(
     rows = []
     for pe in POS_ENCODINGS:
         keys = [k for k in breaks if k.removeprefix("lm-").rsplit("-seed", 1)[0] == pe]
-        change = [100 * (trained.loc[k, "ppl_2x"] / trained.loc[k, "ppl_1x"] - 1) for k in keys]
+        change = [
+            100 * (trained.loc[k, ppl_column(2)] / trained.loc[k, ppl_column(1)] - 1) for k in keys
+        ]
         row = {
             "model": LABELS[pe],
             "seeds": len(keys),
-            "flat length": ", ".join(f"{breaks[k]['flat_length']}x" for k in keys),
+            "flat length": ", ".join(_times(breaks[k]["flat_length"]) for k in keys),
             "2x perplexity": _span([f"{c:+.1f}" for c in change], " %"),
         }
         for name, field in [
@@ -429,8 +465,13 @@ def _position(p: float | None, train_len: int) -> str:
     return f"none {UP_TO}" if p is None else f"{p:.0f} ({p / train_len:.2g}x)"
 
 
-def _length(factor: int | None) -> str:
-    return "none up to the longest length" if factor is None else f"{factor}x"
+def _length(factor: float | None) -> str:
+    return "none up to the longest length" if factor is None else _times(factor)
+
+
+def _times(factor: float | None) -> str:
+    """A length factor, ``1.25x``; ``none`` for a fix above the line already at 1x."""
+    return "none" if factor is None or factor != factor else f"{factor:g}x"
 
 
 def _relation(relation: str, first: str, second: str) -> str:
@@ -450,7 +491,7 @@ def _verdict(key: str, b: dict[str, Any], train_len: int) -> str:
     moved = f"does not move {UP_TO}" if adjacency is None else f"first moves at {adjacency}x"
     mechanisms = _relation(b["entropy_vs_variance"], "entropy inflection", "variance departure")
     return (
-        f"{name}: the perplexity is flat up to {b['flat_length']}x T (first length past it: "
+        f"{name}: the perplexity is flat up to {_times(b['flat_length'])} T (first length past it: "
         f"{_length(b['break_length'])}). By position: loss break "
         f"{_position(b['loss_break'], train_len)}, entropy inflection "
         f"{_position(b['entropy_inflection_earliest'], train_len)}, variance departure "
@@ -463,28 +504,30 @@ def _verdict(key: str, b: dict[str, Any], train_len: int) -> str:
 
 
 def _fix_verdict(fixes: pd.DataFrame, key: str, target: int) -> str:
-    """Whether a fix extends the flat length, and what each does at the length HeadScale trains
-    at (``target`` x T)."""
+    """Whether a fix extends the flat length of the model as trained (every flat length is
+    judged against its 1x perplexity), and what each fix does at the length HeadScale trains at
+    (``target`` x T)."""
     rows = fixes[fixes["model"] == key].set_index("fix")
-    flat = int(rows.loc["none", "flat_length"])
+    flat = float(rows.loc["none", "flat_length"])
     uniform = rows.drop(index=["none", "headscale"])
     best = uniform.sort_values(["flat_length", "cost_at_1x_percent"], ascending=[False, True])
     top = best.index[0]
-    gain = int(best.loc[top, "flat_length"])
+    gain = float(best.loc[top, "flat_length"])
     name = model_name(key)
-    at = f"ppl_{target}x"
+    at = ppl_column(target)
     closest = uniform[at].idxmin()
     if gain > flat:
         extends = (
-            f"{top} extends it to {gain}x ({best.loc[top, 'cost_at_1x_percent']:+.2f} % at 1x)"
+            f"{top} extends it to {_times(gain)} "
+            f"({best.loc[top, 'cost_at_1x_percent']:+.2f} % at 1x)"
         )
     elif flat == LENGTHS[-1]:
         extends = "no factor can extend it (flat at every length already)"
     else:
         extends = "no uniform factor extends it"
     return (
-        f"{name}: flat up to {flat}x as trained; {extends}; HeadScale reaches "
-        f"{int(rows.loc['headscale', 'flat_length'])}x "
+        f"{name}: flat up to {_times(flat)} as trained; {extends}; with HeadScale it is flat up "
+        f"to {_times(float(rows.loc['headscale', 'flat_length']))} "
         f"({rows.loc['headscale', 'cost_at_1x_percent']:+.2f} % at 1x). At {target}x, where "
         f"HeadScale trains, the perplexity is {rows.loc['none', at]:.3f} as trained, "
         f"{uniform.loc[closest, at]:.3f} with the best uniform factor ({closest}) and "
@@ -506,7 +549,7 @@ def summary_text(
         rows.append(
             {
                 "model": model_name(key),
-                "flat length": f"{b['flat_length']}x",
+                "flat length": _times(b["flat_length"]),
                 "loss break": _position(b["loss_break"], t.seq_len),
                 "entropy inflection": _position(b["entropy_inflection_earliest"], t.seq_len),
                 "variance departure (layer 1)": _position(b["variance_departure"], t.seq_len),
@@ -540,11 +583,12 @@ def summary_text(
         adjacency_tolerance=f"{ADJACENCY_TOLERANCE:g}",
         coincide=f"{COINCIDE:g}",
         flat_sentence=" ".join(
-            f"{model_name(key)} stays flat up to {b['flat_length']}x T."
+            f"{model_name(key)} stays flat up to {_times(b['flat_length'])} T."
             for key, b in breaks.items()
         ),
         breaks_table=markdown_table(pd.DataFrame(rows)),
         seeds_table=markdown_table(seed_table(breaks, fixes, t.seq_len)),
+        flat_comparison=flat_comparison(breaks),
         seeds=_seeds(sorted({m.seed for m in settings.models})),
         verdicts="\n\n".join(_verdict(key, b, t.seq_len) for key, b in breaks.items()),
         fixes_table=markdown_table(shown, ".3f"),

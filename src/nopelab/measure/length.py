@@ -104,14 +104,19 @@ def perplexity(loss: float) -> float:
     return math.exp(min(loss, 700.0))  # beyond, a float overflows
 
 
-def flat_length(perplexities: Mapping[int, float], tolerance: float = FLAT_TOLERANCE) -> int:
+def flat_length(
+    perplexities: Mapping[float, float],
+    tolerance: float = FLAT_TOLERANCE,
+    reference: float | None = None,
+) -> float | None:
     """The largest key (a length) up to which every length's perplexity is at most
-    ``tolerance`` above that of the shortest; a lower perplexity counts as flat."""
+    ``tolerance`` above ``reference`` (default: the shortest length's perplexity); a lower
+    perplexity counts as flat. ``None`` when even the shortest length is above it."""
     lengths = sorted(perplexities)
-    reference = perplexities[lengths[0]]
-    flat = lengths[0]
-    for length in lengths[1:]:
-        if not perplexities[length] <= (1 + tolerance) * reference:
+    limit = (1 + tolerance) * (perplexities[lengths[0]] if reference is None else reference)
+    flat = None
+    for length in lengths:
+        if not perplexities[length] <= limit:
             break
         flat = length
     return flat
@@ -225,13 +230,14 @@ def write_result(
     table = result.perplexity
     flat = flat_length(dict(zip(table["length_factor"], table["perplexity"], strict=True)))
     shortest = int(table["length_factor"].iloc[0])
+    flat_text = "none" if flat is None else f"{flat:g}x ({round(flat * train_len)} tokens)"
     shown = ", ".join(f"{key} {value}" for key, value in settings.items())
     (out / "summary.md").write_text(
         f"# nopelab evaluate: {title}\n\n"
         f"Held-out loss (nats per token) and perplexity at multiples of the training length "
         f"({train_len} tokens), {seconds:.1f} s.\n\n"
         f"{markdown_table(table)}\n\n"
-        f"**Flat length: {flat}x ({flat * train_len} tokens)**: the longest length up to "
+        f"**Flat length: {flat_text}**: the longest length up to "
         f"which every evaluated length has a perplexity at most {FLAT_TOLERANCE:.0%} above "
         f"the perplexity at {shortest}x (a lower perplexity counts as flat).\n\n"
         f"Settings: {shown}.\n"

@@ -12,6 +12,7 @@ from nopelab.experiments.wang2024 import (
     adjacency_change,
     break_length,
     fix_table,
+    flat_comparison,
     loss_break,
     model_name,
     seed_table,
@@ -100,7 +101,8 @@ def test_fix_table_flat_length_and_cost_at_1x() -> None:
     )
     table = fix_table(frame).set_index("fix")
     assert table.loc["none", "flat_length"] == 2
-    assert table.loc["uniform 1.5", "flat_length"] == 8  # 11.2 <= 1.1 x 10.2
+    # against the model as trained (1.1 x 10 = 11), not the fix's own 1x (1.1 x 10.2 = 11.22)
+    assert table.loc["uniform 1.5", "flat_length"] == 4
     assert table.loc["none", "cost_at_1x_percent"] == 0
     assert table.loc["uniform 1.5", "cost_at_1x_percent"] == pytest.approx(2.0)
 
@@ -133,3 +135,13 @@ def test_seed_table_gives_each_encodings_range_over_its_seeds() -> None:
     assert table.loc["NoPE", "variance departure"] == "none in 2"
     assert table.loc["RoPE", "2x perplexity"] == "+100.0 %"
     assert model_name("lm-rope-seed12") == "RoPE, seed 12"
+
+
+def test_flat_comparison_counts_the_seeds_where_nope_is_flat_longer() -> None:
+    flat = {"lm-none-seed0": 1.2, "lm-rope-seed0": 1.1, "lm-none-seed1": 1.1,
+            "lm-rope-seed1": 1.1, "lm-none-seed2": 1.0, "lm-rope-seed2": 1.25}  # fmt: skip
+    breaks = {key: {"flat_length": value} for key, value in flat.items()}
+    assert flat_comparison(breaks) == (
+        "NoPE's flat length is longer than RoPE's at 1 of 3 seeds, the same at 1 "
+        "(NoPE 1.2x, 1.1x, 1x; RoPE 1.1x, 1.1x, 1.25x)."
+    )

@@ -66,6 +66,15 @@ def test_flat_length(perplexities: dict[int, float], flat: int) -> None:
     assert L.flat_length(perplexities) == flat
 
 
+def test_flat_length_against_another_reference() -> None:
+    """A fix is judged against the model it fixes: a lower reference shortens the flat
+    length, and a shortest length already above the line has none."""
+    fixed = {1: 10.5, 1.1: 10.9, 1.25: 11.5, 2: 12.0}
+    assert L.flat_length(fixed) == 1.25  # 11.5 <= 1.1 x 10.5
+    assert L.flat_length(fixed, reference=10.0) == 1.1  # 11.5 > 1.1 x 10
+    assert L.flat_length(fixed, reference=9.0) is None  # 10.5 > 9.9
+
+
 def test_plan_lengths_refuses_with_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(L, "available_memory", lambda: 1000)
     asked = {"factors": (1, 2, 4), "windows": 8, "batch_size": 4}
