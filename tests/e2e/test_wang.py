@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -32,6 +33,11 @@ def test_wang2024_smoke_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert_matches_reference(out, "wang2024-lengths")
     for name in FILES:
         assert (out / name).is_file(), name
+    run = json.loads((out / "run.json").read_text())
+    assert run["command"] == (
+        f"nopelab reproduce wang2024 --part lengths --scale smoke --seed 0 --device cpu --out {out}"
+    )
+    assert run["seconds"] > 0 and run["cores"] == os.cpu_count() and run["cpu"]
     scale = SCALES["smoke"]
     models = ["lm-none-seed0", "lm-rope-seed0"]
     fixes = ["none", *(f"uniform {c:g}" for c in scale["uniform"]), "headscale"]

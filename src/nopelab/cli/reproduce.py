@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -117,7 +118,14 @@ def reproduce(
     ] = None,
 ) -> None:
     """Reproduce a paper's results at a chosen scale, with figures and a markdown summary."""
-    from nopelab.runtime.rundir import check_resume, default_out, resumable_run, staged_run
+    from nopelab.runtime import provenance
+    from nopelab.runtime.rundir import (
+        check_resume,
+        default_out,
+        resumable_run,
+        staged_run,
+        write_json,
+    )
 
     check_seed("--seed", seed)
     if paper not in EXPERIMENTS:
@@ -152,9 +160,22 @@ def reproduce(
         if runner.reuse_models is None:
             raise UserError(f"--models: only for {', '.join(with_reuse())}")
         settings = runner.reuse_models(settings, models)
+    given = {"part": part, "scale": scale, "seed": seed, "device": device, "out": out}
+    given |= {"models": models, **typed}
+    flags = [f for k, v in given.items() if v is not None for f in (f"--{k}", str(v))]
+    command = shlex.join(["nopelab", "reproduce", paper, *flags])
+    started, start, load = provenance.now(), time.perf_counter(), provenance.machine()["load_1min"]
+
+    def write_record(folder: Path) -> None:
+        """``run.json``: what made the run, on which machine, in how long."""
+        seconds = time.perf_counter() - start
+        run = provenance.record(command + (" --resume" if resume else ""), started, seconds, load)
+        write_json(folder / "run.json", run)
+
     if not runner.resumable:
         with staged_run(out, force, (), command="reproduce") as staging:
             runner.run(settings, staging)
+            write_record(staging)
         typer.echo(f"wrote {out}; see {out / 'summary.md'}")
         return
     said = _said(runner, scale, seed, device, options)
@@ -166,13 +187,11 @@ def reproduce(
     with resumable_run(out, marker, resume, force, resolve.inputs(models)) as folder:
         try:
             runner.run(settings, folder)
+            write_record(folder)
         except KeyboardInterrupt:
-            common = {"part": part, "scale": scale, "seed": seed, "device": device, "out": out}
-            given = {**common, "models": models, **typed}
-            flags = [f for k, v in given.items() if v is not None for f in (f"--{k}", str(v))]
-            again = shlex.join(["nopelab", "reproduce", paper, *flags, "--resume"])
             typer.echo(
-                f"nopelab: interrupted; finished models are kept: continue with {again}", err=True
+                f"nopelab: interrupted; finished models are kept: continue with {command} --resume",
+                err=True,
             )
             sys.exit(130)
     typer.echo(f"wrote {out}; see {out / 'summary.md'}")

@@ -1,0 +1,72 @@
+"""Where a result came from: the command, the code, the machine and the wall time.
+
+A reproduction writes :func:`record` into its ``run.json``, so that a number quoted from it can
+name its command, commit, CPU, load and wall time (``docs/results/`` keeps such records)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from nopelab.runtime.rundir import environment
+
+
+def commit() -> str | None:
+    """The git commit of the nopelab source in use (an editable install of a clone), with
+    ``-dirty`` when it has uncommitted changes; ``None`` outside a git checkout."""
+    source = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return None
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=source, capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if changed.stdout.strip() else "")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), or what :mod:`platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+    """The CPU, its core count and the load average (1 minute) right now."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "load_1min": load}
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def record(command: str, started: str, seconds: float, load_at_start: float | None) -> dict:
+    """``run.json``: the command, the code (version, commit, libraries), the machine, when the
+    run started, its wall time in seconds and the load average at its start and end."""
+    here = machine()
+    return {
+        "command": command,
+        "started": started,
+        "seconds": round(seconds, 1),
+        "commit": commit(),
+        **environment(),
+        "cpu": here["cpu"],
+        "cores": here["cores"],
+        "load_at_start": load_at_start,
+        "load_at_end": here["load_1min"],
+    }
