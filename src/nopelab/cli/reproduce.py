@@ -164,12 +164,12 @@ def reproduce(
     given |= {"models": models, **typed}
     flags = [f for k, v in given.items() if v is not None for f in (f"--{k}", str(v))]
     command = shlex.join(["nopelab", "reproduce", paper, *flags])
-    started, start, load = provenance.now(), time.perf_counter(), provenance.machine()["load_1min"]
+    begun, start = provenance.start(), time.perf_counter()
 
     def write_record(folder: Path) -> None:
         """``run.json``: what made the run, on which machine, in how long."""
         seconds = time.perf_counter() - start
-        run = provenance.record(command + (" --resume" if resume else ""), started, seconds, load)
+        run = provenance.record(command + (" --resume" if resume else ""), begun, seconds)
         write_json(folder / "run.json", run)
 
     if not runner.resumable:

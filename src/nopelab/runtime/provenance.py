@@ -55,18 +55,24 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def record(command: str, started: str, seconds: float, load_at_start: float | None) -> dict:
+def start() -> dict[str, Any]:
+    """What is known when a run starts: the time, the commit of the code it loaded, the load."""
+    return {"started": now(), "commit": commit(), "load_at_start": machine()["load_1min"]}
+
+
+def record(command: str, begun: dict[str, Any], seconds: float) -> dict[str, Any]:
     """``run.json``: the command, the code (version, commit, libraries), the machine, when the
-    run started, its wall time in seconds and the load average at its start and end."""
+    run started (``begun``: :func:`start`'s), its wall time in seconds and the load average at
+    its start and end."""
     here = machine()
     return {
         "command": command,
-        "started": started,
+        "started": begun["started"],
         "seconds": round(seconds, 1),
-        "commit": commit(),
+        "commit": begun["commit"],
         **environment(),
         "cpu": here["cpu"],
         "cores": here["cores"],
-        "load_at_start": load_at_start,
+        "load_at_start": begun["load_at_start"],
         "load_at_end": here["load_1min"],
     }

@@ -27,7 +27,10 @@ def test_commit_outside_a_checkout_is_none(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_record_holds_the_command_time_and_machine() -> None:
-    run = provenance.record("nopelab reproduce x", "2026-01-01T00:00:00+00:00", 12.34, 0.5)
+    begun = provenance.start()
+    assert begun["commit"] == provenance.commit()
+    run = provenance.record("nopelab reproduce x", begun, 12.34)
     assert run["command"] == "nopelab reproduce x" and run["seconds"] == 12.3
-    assert run["load_at_start"] == 0.5 and run["cores"] >= 1 and run["nopelab"]
+    assert run["started"] == begun["started"] and run["commit"] == begun["commit"]
+    assert run["cores"] >= 1 and run["nopelab"]
     assert set(run) >= {"commit", "cpu", "torch", "python", "load_at_end", "started"}
