@@ -1,0 +1,51 @@
+"""Keep a measured run's numbers in docs/results/: its run.json and summary.json, as one file.
+
+    .venv/bin/python scripts/result_file.py runs/wang-small wang2024-lengths-small
+
+writes docs/results/wang2024-lengths-small.json = {"run": run.json, "summary": summary.json}
+(timings inside the summary kept). The pages quote these files, and tests/e2e/test_claims.py
+checks every quoted number against them (docs/results/README.md). An existing file is
+replaced only with --replace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run", type=Path, help="a reproduction's output folder (--out)")
+    parser.add_argument("name", help="the result file's name, without .json")
+    parser.add_argument("--drop", nargs="*", default=[], help="summary keys to leave out")
+    parser.add_argument("--replace", action="store_true", help="replace an existing file")
+    args = parser.parse_args()
+    missing = [n for n in ("run.json", "summary.json") if not (args.run / n).is_file()]
+    if missing:
+        print(f"result_file: {args.run} has no {' or '.join(missing)}", file=sys.stderr)
+        return 2
+    target = RESULTS / f"{args.name}.json"
+    if target.exists() and not args.replace:
+        print(f"result_file: {target} exists; --replace replaces it", file=sys.stderr)
+        return 2
+    summary = json.loads((args.run / "summary.json").read_text())
+    unknown = [key for key in args.drop if key not in summary]
+    if unknown:
+        print(f"result_file: --drop: no key {', '.join(unknown)} in summary.json", file=sys.stderr)
+        return 2
+    record = {
+        "run": json.loads((args.run / "run.json").read_text()),
+        "summary": {k: v for k, v in summary.items() if k not in args.drop},
+    }
+    target.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
