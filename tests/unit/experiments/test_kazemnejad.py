@@ -92,6 +92,7 @@ def test_a_tie_at_the_top_and_an_unlearned_model_are_said() -> None:
     frame.loc[1, ["in_distribution_accuracy", "learned"]] = [0.5, False]
     mrr = mrr_table(rank_table(frame))
     assert mrr["mrr"].tolist() == pytest.approx([0.5, 0.5, 0.5])  # all share rank 2
+    assert (mrr["tasks_separating"] == 0).all() and mrr["mrr_separating"].isna().all()
     verdict = verdicts(mrr, frame)
     assert verdict["nope_best"] and not verdict["nope_alone_best"]
     assert verdict["not_learned"] == ["copy learned seed 0"]
@@ -209,3 +210,19 @@ def test_breaks_are_found_at_known_lengths_and_ordered() -> None:
     assert text.endswith("the variance slope departs alone in 1, neither departs in 1.")
     unlearned = table.reset_index().assign(learned=False)
     assert breaks_answer(unlearned).startswith("No model that learned its task breaks")
+
+
+def test_mrr_separating_leaves_out_a_task_every_encoding_ties() -> None:
+    """Copy separates NoPE (1) from RoPE (2) and learned (3); on add all three score 0."""
+    accuracy = {"none": 0.9, "rope": 0.5, "learned": 0.1}
+    frame = models(
+        {("copy", pe): [a] for pe, a in accuracy.items()} | {("add", pe): [0.0] for pe in accuracy}
+    )
+    mrr = mrr_table(rank_table(frame)).set_index("pos_encoding")
+    assert mrr["mrr"].to_dict() == pytest.approx(
+        {"none": (1 + 1 / 2) / 2, "rope": (1 / 2 + 1 / 2) / 2, "learned": (1 / 3 + 1 / 2) / 2}
+    )
+    assert mrr["mrr_separating"].to_dict() == pytest.approx(
+        {"none": 1, "rope": 1 / 2, "learned": 1 / 3}
+    )
+    assert (mrr["tasks_separating"] == 1).all()
