@@ -14,6 +14,7 @@ import math
 import re
 import statistics
 import tomllib
+from decimal import Decimal
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -159,12 +160,8 @@ def test_a_changed_number_fails_its_claim() -> None:
         for match, expression in zip(NUMBER.finditer(text), claim["values"], strict=True):
             if not expression:
                 continue
-            sign, digits, exponent = match.groups()
-            last = len(digits) - 1
-            bumped = str(int(digits.replace(".", "")) + 1).rjust(len(digits.replace(".", "")), "0")
-            if "." in digits:
-                point = digits.index(".")
-                bumped = bumped[: len(bumped) - (last - point)] + "." + bumped[-(last - point) :]
+            digits = Decimal(match.group(2))
+            bumped = str(digits + Decimal(1).scaleb(digits.as_tuple().exponent))
             changed = text[: match.start(2)] + bumped + text[match.end(2) :]
             assert check_numbers(changed, claim["values"], claim["file"]), changed
 
@@ -179,7 +176,5 @@ def test_numbers_reads_back_what_is_written(value: float, places: int) -> None:
 
 def test_numbers_in_prose() -> None:
     text = "NoPE +8.9–16.1 % at 2× (lm-none-seed0, 9-digit), 2.159e-4 and −1.22; T = 512."
-    assert [n for n, _ in numbers(text)] == pytest.approx(
-        [8.9, 16.1, 2, 9, 2.159e-4, -1.22, 512]
-    )
+    assert [n for n, _ in numbers(text)] == pytest.approx([8.9, 16.1, 2, 9, 2.159e-4, -1.22, 512])
     assert math.isclose(numbers("2.159e-4")[0][1], 5e-8)

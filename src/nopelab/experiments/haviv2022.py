@@ -25,7 +25,7 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig, PosEncoding, Probe, ProbeConfig, Site
-from nopelab.experiments.scale_files import read_scales
+from nopelab.experiments.scale_files import read_published, read_scales
 from nopelab.experiments.summary_template import (
     corpus_values,
     fill,
@@ -47,18 +47,17 @@ PROBES: tuple[Probe, ...] = ("linear-cls", "mlp-cls")
 SHAPE_PROBE = "mlp-cls"  # the probe drawn against the published curves
 SITES: tuple[Site, ...] = ("embed", "resid_post")
 
-# Haviv et al. 2022, 1.3B model (24 layers) trained on the Pile, T = 1024: probe MAD per
-# layer for the layers whose values we have from their table, and WikiText-103 perplexity.
-PUBLISHED_LAYERS = 24
-PUBLISHED_SEQ_LEN = 1024
-PUBLISHED_RANDOM = 341.33
-PUBLISHED_MAD = {
-    "none": {0: 337.2, 1: 286.4, 2: 79.9, 3: 27.5, 4: 16.9, 6: 16.5, 11: 21.0, 20: 42.6, 24: 133.3},
-    "learned": {0: 11.24, 1: 6.45, 24: 129.0},
-    "sinusoidal": {0: 0.01},  # "≈0.01 in early layers"
-    "alibi": {0: 337.0, 11: 52.7},
+# Haviv et al. 2022 (published/haviv2022.toml, with the figure and table of each): the probe's
+# MAD per layer of their 1.3B models (24 layers, the Pile, T = 1024) and WikiText-103 perplexity
+_PUBLISHED = read_published("haviv2022")
+PUBLISHED_LAYERS: int = _PUBLISHED["probe"]["layers"]
+PUBLISHED_SEQ_LEN: int = _PUBLISHED["probe"]["seq_len"]
+PUBLISHED_RANDOM: float = _PUBLISHED["probe"]["random_baseline"]
+PUBLISHED_MAD: dict[str, dict[int, float]] = {
+    pe: {int(layer): mad for layer, mad in by_layer.items()}
+    for pe, by_layer in _PUBLISHED["probe"]["mad"].items()
 }
-PUBLISHED_PERPLEXITY = {"none": 20.97, "learned": 20.42, "sinusoidal": 20.16, "alibi": 19.71}
+PUBLISHED_PERPLEXITY: dict[str, float] = _PUBLISHED["wikitext103"]["perplexity"]
 
 
 class ProbeScale(TypedDict):

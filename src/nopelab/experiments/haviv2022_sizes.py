@@ -24,7 +24,7 @@ import pandas as pd
 from nopelab import plots
 from nopelab.config import PosEncoding
 from nopelab.errors import ConfigError
-from nopelab.experiments.scale_files import read_scales
+from nopelab.experiments.scale_files import read_published, read_scales
 from nopelab.experiments.summary_template import corpus_values, fill
 from nopelab.experiments.train_and_measure import lm_runs, train_into
 from nopelab.limits import check_training, parameter_count
@@ -44,13 +44,12 @@ LABELS = {
     "alibi": "ALiBi",
 }
 
-# Haviv et al. 2022, Table 2: validation perplexity on the Pile (1024 tokens) by model size.
-PUBLISHED_SIZES = {"125M": 125e6, "350M": 350e6, "760M": 760e6, "1.3B": 1.3e9}
-PUBLISHED = {
-    "none": (22.15, 16.87, 14.29, 13.10),
-    "learned": (22.04, 16.84, 14.21, 13.05),
-    "sinusoidal": (21.49, 16.58, 14.04, 12.93),
-    "alibi": (19.94, 15.66, 13.53, 12.51),
+# Haviv et al. 2022, Table 2 (published/haviv2022.toml): validation perplexity on the Pile
+# (1024 tokens) by model size
+_TABLE_2 = read_published("haviv2022")["sizes"]
+PUBLISHED_SIZES: dict[str, float] = _TABLE_2["parameters"]
+PUBLISHED: dict[str, list[float]] = {
+    pe: _TABLE_2[pe] for pe in ("none", "learned", "sinusoidal", "alibi")
 }
 
 

@@ -37,7 +37,7 @@ import torch
 
 from nopelab import plots
 from nopelab.config import ATTENTION, ModelConfig, PosEncoding, TrainConfig
-from nopelab.experiments.scale_files import read_scales
+from nopelab.experiments.scale_files import read_published, read_scales
 from nopelab.experiments.summary_template import fill, shape_values
 from nopelab.experiments.train_and_measure import train_into
 from nopelab.measure import breaks
@@ -60,10 +60,12 @@ LABELS = {
     "rope": "RoPE",
     "alibi": "ALiBi",
 }
-# Kazemnejad et al. 2023, mean reciprocal rank over ten tasks; "absolute" (0.22) stands for
-# both absolute encodings here, and their T5 relative bias (0.55) has no model here
-PUBLISHED_MRR = {"none": 0.69, "learned": 0.22, "sinusoidal": 0.22, "rope": 0.33, "alibi": 0.50}
-PUBLISHED_T5_MRR = 0.55
+# Kazemnejad et al. 2023, Figure 1 (published/kazemnejad2023.toml): mean reciprocal rank over
+# ten tasks; "absolute" (0.22) stands for both absolute encodings here, and their T5 relative
+# bias (0.55) has no model here
+_MRR = read_published("kazemnejad2023")["mrr"]
+PUBLISHED_MRR: dict[str, float] = {pe: _MRR[pe] for pe in POS_ENCODINGS}
+PUBLISHED_T5_MRR: float = _MRR["t5_relative_bias"]
 STRETCH = 3  # tested at lengths 1..STRETCH x L
 LEARNED_AT = 0.9  # in-distribution accuracy below which a model has not learned its task
 BROKEN_AT = 0.5  # accuracy breaks where it stays below this share of the in-distribution mean
@@ -495,7 +497,7 @@ def summary_text(
             "encoding": [LABELS[pe] for pe in mrr["pos_encoding"]] + ["T5 relative bias"],
             "MRR, ours": [f"{v:.2f}" for v in mrr["mrr"]] + ["not trained"],
             f"ours, the {int(mrr['tasks_separating'].iloc[0])} tasks that separate them": [
-                f"{v:.2f}" for v in mrr["mrr_separating"]
+                "—" if pd.isna(v) else f"{v:.2f}" for v in mrr["mrr_separating"]
             ]
             + ["not trained"],
             "Kazemnejad et al.": [

@@ -1,4 +1,6 @@
-"""The reproductions' scales as data: ``experiments/scales/PART.toml``, one table per scale.
+"""The reproductions' data files: their scales, ``experiments/scales/PART.toml`` (one table per
+scale), and the papers' published numbers, ``experiments/published/PAPER.toml`` (each with its
+source in the paper).
 
 Each experiment module names the schema of its scale tables (a ``TypedDict`` or a dataclass);
 :func:`read_scales` reads the file and checks every table's keys against it, so a typo in a
@@ -57,3 +59,10 @@ def _keys(schema: type) -> tuple[set[str], set[str]]:
         }
         return {f.name for f in fields}, {f.name for f in fields} - optional
     return set(get_type_hints(schema)), set(getattr(schema, "__required_keys__", ()))
+
+
+def read_published(paper: str) -> dict[str, Any]:
+    """The numbers ``paper`` published that a reproduction shows beside its own
+    (``published/PAPER.toml``; every table names its ``source``)."""
+    text = resources.files("nopelab.experiments").joinpath("published", f"{paper}.toml").read_text()
+    return tomllib.loads(text)
