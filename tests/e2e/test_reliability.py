@@ -160,6 +160,11 @@ BAD_INPUT = {
         ("chi2023 --seed x", "--seed: input should be a valid integer"),
         ("wang2024 --scale smoke --seed -1", SEED),
         ("chi2023 --part pretrained --seed 9223372036854775808", "--seed: must be an int in 0.."),
+        (
+            "wang2024 --scale small --seed 9223372036854775806",  # three seeds from --seed
+            "--seed: wang2024 --part lengths --scale small uses seeds --seed to --seed + 2: "
+            "allowed 0..9223372036854775805, got 9223372036854775806",
+        ),
         ("chi2023 --resume", "--resume:"),
         ("zuo2025 --part trained --models RUN", "--models: only for zuo2025 --part probes"),
         ("zuo2025 --part probes --scale smoke --models RUN", "holds no finished model; give the"),

@@ -12,7 +12,7 @@ import typer
 
 from nopelab.cli import resolve
 from nopelab.cli.app import app
-from nopelab.config import CORPUS_NAMES, check_seed, embedded_names
+from nopelab.config import CORPUS_NAMES, MAX_SEED, check_seed, embedded_names
 from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS, Part, named, parts, resumable, taking, with_reuse
 
@@ -143,6 +143,11 @@ def reproduce(
         raise UserError(
             f"--resume: {paper} --part {part} cannot be resumed; allowed for "
             + ", ".join(resumable())
+        )
+    if (count := runner.seed_count(scale)) > 1 and seed > MAX_SEED - (count - 1):
+        raise UserError(
+            f"--seed: {paper} --part {part} --scale {scale} uses seeds --seed to --seed + "
+            f"{count - 1}: allowed 0..{MAX_SEED - (count - 1)}, got {seed}"
         )
     check_resume(resume, force, out)
     out = out or default_out(f"{paper}-{part}-{scale}")

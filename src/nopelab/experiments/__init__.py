@@ -57,6 +57,12 @@ class Part:
         tables = scale_tables(self.scale_file or self.module)
         return tuple(s for s in tables if not self.only_scales or s in self.only_scales)
 
+    def seed_count(self, scale: str) -> int:
+        """How many seeds a run at ``scale`` uses: ``--seed``, ``--seed`` + 1, … (its scale's
+        ``seeds``, or the module's ``SEEDS``, else one)."""
+        table = self.scale_table(scale)
+        return int(table.get("seeds", getattr(self.code(), "SEEDS", 1)))
+
     def code(self) -> ModuleType:
         """The part's module (imports PyTorch)."""
         return importlib.import_module(f"{__name__}.{self.module}")
