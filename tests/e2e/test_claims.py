@@ -5,7 +5,8 @@ aside), the result file it comes from (``docs/results/NAME.json``) and, for each
 passage in order, a JMESPath expression over that file that gives it ("" for a number that is
 a setting, not a result). A number matches when its value rounds to it at the precision the
 page writes (``0.962`` is any value in [0.9615, 0.9625]). ``[[covered]]`` names stretches of a
-page in which every number must belong to a claim. docs/results/README.md has the details.
+page in which every number must belong to a claim or to a ``[[quoted]]`` passage (one whose
+numbers are settings or the papers' own). docs/results/README.md has the details.
 """
 
 from __future__ import annotations
@@ -50,10 +51,15 @@ class Derived(functions.Functions):
         """The sample standard deviation (ddof = 1), as every page reports it."""
         return statistics.stdev(values)
 
+    @functions.signature({"types": ["array"]})
+    def _func_same(self, values: list[Any]) -> Any:
+        """The one value every item has (``2`` for "2x at every seed"), else null."""
+        return values[0] if values and all(v == values[0] for v in values) else None
+
     @functions.signature({"types": ["number"]})
-    def _func_minutes(self, seconds: float) -> int:
-        """The whole minutes of a wall time (``18`` of 18 min 42 s)."""
-        return int(round(seconds) // 60)
+    def _func_minutes(self, seconds: float) -> float:
+        """A wall time in minutes (``floor(minutes(s))`` for the 18 of 18 min 42 s)."""
+        return seconds / 60
 
     @functions.signature({"types": ["number"]})
     def _func_seconds(self, seconds: float) -> int:
@@ -130,7 +136,7 @@ def test_every_number_in_a_covered_stretch_belongs_to_a_claim(stretch: dict[str,
     start = text.index(flat(stretch["from"]))
     end = text.index(flat(stretch["to"]), start)
     claimed = [False] * (end - start)
-    for claim in CLAIMS["claim"]:
+    for claim in CLAIMS["claim"] + CLAIMS["quoted"]:
         if claim["doc"] != stretch["doc"]:
             continue
         quote = flat(claim["text"])
@@ -146,8 +152,15 @@ def test_every_number_in_a_covered_stretch_belongs_to_a_claim(stretch: dict[str,
     assert loose == [], f"numbers of {stretch['doc']} that no claim covers"
 
 
-def test_every_result_file_records_its_run() -> None:
+@pytest.mark.parametrize("quoted", CLAIMS["quoted"], ids=lambda c: f"{c['doc']}:{c['text'][:40]}")
+def test_a_quoted_passage_is_on_its_page(quoted: dict[str, str]) -> None:
+    assert flat(quoted["text"]) in page(quoted["doc"])
+
+
+def test_every_result_file_is_listed_and_records_its_run() -> None:
+    listed = (RESULTS / "README.md").read_text()
     for path in RESULTS.glob("*.json"):
+        assert f"`{path.name}`" in listed, f"{path.name} is not in docs/results/README.md"
         run = result(path.name)["run"]
         assert {"command", "commit", "cpu", "seconds", "nopelab"} <= set(run), path.name
 

@@ -565,7 +565,9 @@ def summary_text(
         for key, layers in headscale.items()
         for layer, values in enumerate(layers, 1)
     ]  # fmt: skip
-    shown = fixes.assign(model=fixes["model"].map(model_name))
+    shown = fixes.assign(
+        model=fixes["model"].map(model_name), flat_length=fixes["flat_length"].map(_times)
+    )
     return fill(
         "wang2024",
         **corpus_values(first),
