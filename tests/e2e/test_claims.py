@@ -43,6 +43,11 @@ class Derived(functions.Functions):
         return 100 * (value / base - 1)
 
     @functions.signature({"types": ["number"]}, {"types": ["number"]})
+    def _func_below(self, value: float, base: float) -> float:
+        """How far ``value`` lies below ``base``, in percent of it: 100 (1 - value / base)."""
+        return 100 * (1 - value / base)
+
+    @functions.signature({"types": ["number"]}, {"types": ["number"]})
     def _func_ratio(self, value: float, base: float) -> float:
         return value / base
 
