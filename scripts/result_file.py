@@ -42,6 +42,13 @@ def main() -> int:
         "run": json.loads((args.run / "run.json").read_text()),
         "summary": {k: v for k, v in summary.items() if k not in args.drop},
     }
+    run = record["run"]
+    if str(run.get("commit")).endswith("-dirty") or run.get("commit") is None:
+        print(f"result_file: warning: {args.run} ran code of no clean commit", file=sys.stderr)
+    if "--resume" in run.get("command", ""):
+        print(
+            "result_file: warning: a resumed run: its seconds are the last part's", file=sys.stderr
+        )
     target.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {target}")
     return 0

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 import re
 import statistics
+import sys
 import tomllib
-from decimal import Decimal
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -29,9 +29,13 @@ from jmespath import functions
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
 CLAIMS = tomllib.loads((RESULTS / "claims.toml").read_text())
-# a number: an optional sign (the minus sign or a hyphen right before the digits), digits, an
-# optional fraction and exponent; not a part of a word or of a longer number
-NUMBER = re.compile(r"(?<![\w.])([−+-]?)(\d+(?:\.\d+)?)(?:e([−+-]?\d+))?(?![\w.]*\d)")
+# a number: an optional sign (the minus sign or a hyphen right before the digits), digits (with
+# thousands separators: 1,000), an optional fraction and exponent; not a part of a word or of a
+# longer number, but either end of a range 1..8
+NUMBER = re.compile(
+    r"(?:(?<![\w.])|(?<=\.\.))([−+-]?)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:[eE]([−+-]?\d+))?"
+    r"(?!\.?\d)(?![A-Za-z_]*\d)"
+)
 
 
 class Derived(functions.Functions):
@@ -56,14 +60,24 @@ class Derived(functions.Functions):
         """The sample standard deviation (ddof = 1), as every page reports it."""
         return statistics.stdev(values)
 
-    @functions.signature({"types": ["array"]})
-    def _func_same(self, values: list[Any]) -> Any:
-        """The one value every item has (``2`` for "2x at every seed"), else null."""
-        return values[0] if values and all(v == values[0] for v in values) else None
+    @functions.signature({"types": ["array"]}, {"types": ["number"]})
+    def _func_same(self, values: list[Any], count: int) -> Any:
+        """The one value all ``count`` items share (``2`` for "2x at every seed"), else null: a
+        projection drops missing and null items, so the count is checked."""
+        if len(values) != count or any(v is None or v != values[0] for v in values):
+            return None
+        return values[0]
+
+    @functions.signature({"types": ["array"]}, {"types": ["number"]})
+    def _func_every(self, values: list[Any], count: int) -> list[Any] | None:
+        """``values`` when it holds ``count`` items (every seed, for ``min``/``max``), else
+        null."""
+        return values if len(values) == count and None not in values else None
 
     @functions.signature({"types": ["number"]})
     def _func_minutes(self, seconds: float) -> float:
-        """A wall time in minutes (``floor(minutes(s))`` for the 18 of 18 min 42 s)."""
+        """A wall time in minutes: "18 min" is ``minutes(s)``; the 18 of "18 min 42 s" is
+        ``floor(minutes(s))``."""
         return seconds / 60
 
     @functions.signature({"types": ["number"]})
@@ -78,11 +92,11 @@ OPTIONS = jmespath.Options(custom_functions=Derived())
 def numbers(text: str) -> list[tuple[float, float]]:
     """Each number written in ``text``, with half a unit of its last written digit."""
     found = []
-    for sign, digits, exponent in NUMBER.findall(text):
-        places = len(digits.partition(".")[2])
+    for sign, whole, fraction, exponent in NUMBER.findall(text):
+        places = max(len(fraction) - 1, 0)
         power = int(exponent.replace("−", "-")) if exponent else 0
-        value = float(digits) * 10.0**power * (-1 if sign in "−-" and sign else 1)
-        found.append((value, 0.5 * 10.0 ** (power - places)))
+        value = float(whole.replace(",", "") + fraction) * 10.0**power
+        found.append((-value if sign in ("−", "-") else value, 0.5 * 10.0 ** (power - places)))
     return found
 
 
@@ -121,12 +135,26 @@ def check_numbers(text: str, values: list[str], file: str) -> list[str]:
     for (number, half), expression in zip(written, values, strict=True):
         if not expression:
             continue
-        got = jmespath.search(expression, result(file), options=OPTIONS)
+        got = value(expression, result(file))
         if not isinstance(got, (int, float)) or isinstance(got, bool):
             wrong.append(f"{text!r}: {expression} gives {got!r}, not a number")
-        elif not abs(got - number) <= half * (1 + 1e-9):
+        elif not matches(got, number, half, exact=expression.startswith("=")):
             wrong.append(f"{text!r}: {number:g} written, {file} gives {got!r}")
     return wrong
+
+
+def value(expression: str, data: Any) -> Any:
+    """A claim's expression over a result file (a leading ``=``: the value must be exact)."""
+    return jmespath.search(expression.removeprefix("="), data, options=OPTIONS)
+
+
+def matches(got: float, number: float, half: float, exact: bool) -> bool:
+    """Whether ``got`` is written as ``number``: rounded to the written precision (the interval
+    is half-open, so a value halfway between is written once), or equal for an exact value (a
+    grid point such as a flat length of 1.25, a count, a bound)."""
+    if exact:
+        return got == number
+    return -half * (1 + 1e-9) <= got - number < half * (1 - 1e-9)
 
 
 @pytest.mark.parametrize("claim", CLAIMS["claim"], ids=lambda c: f"{c['doc']}:{c['text'][:40]}")
@@ -170,18 +198,47 @@ def test_every_result_file_is_listed_and_records_its_run() -> None:
         assert {"command", "commit", "cpu", "seconds", "nopelab"} <= set(run), path.name
 
 
-def test_a_changed_number_fails_its_claim() -> None:
-    """The check is not vacuous: in every claim, each checked number written one unit of its
-    last digit higher (as a changed result would be) is reported."""
+def _perturbed(data: Any) -> Any:
+    """Every number of a result file moved (x -> 1.37 x + 0.11), strings and booleans kept."""
+    if isinstance(data, dict):
+        return {key: _perturbed(item) for key, item in data.items()}
+    if isinstance(data, list):
+        return [_perturbed(item) for item in data]
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        return 1.37 * data + 0.11
+    return data
+
+
+def test_every_checked_number_reads_its_result_file() -> None:
+    """The check is not vacuous: with every number of the result file moved, every checked
+    expression gives another value (or none), so a changed result fails its claim; an
+    expression that reads nothing from the file (a constant) would not."""
     for claim in CLAIMS["claim"]:
-        text = flat(claim["text"])
-        for match, expression in zip(NUMBER.finditer(text), claim["values"], strict=True):
-            if not expression:
-                continue
-            digits = Decimal(match.group(2))
-            bumped = str(digits + Decimal(1).scaleb(digits.as_tuple().exponent))
-            changed = text[: match.start(2)] + bumped + text[match.end(2) :]
-            assert check_numbers(changed, claim["values"], claim["file"]), changed
+        moved = _perturbed(result(claim["file"]))
+        for expression in filter(None, claim["values"]):
+            try:
+                after = value(expression, moved)
+            except jmespath.exceptions.JMESPathError:
+                continue  # the moved file no longer fits the expression: it would fail too
+            assert after != value(expression, result(claim["file"])), (claim["text"], expression)
+
+
+def test_a_changed_result_fails_its_claim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One result value changed by hand (a perplexity in the third decimal) fails exactly the
+    claim that quotes it."""
+    import json
+
+    claim = next(c for c in CLAIMS["claim"] if c["text"].startswith("| NoPE, 0 | 4.682 |"))
+    data = json.loads((RESULTS / claim["file"]).read_text())
+    fixes = data["summary"]["fixes"]
+    row = next(f for f in fixes if f["model"] == "lm-none-seed0" and f["fix"] == "none")
+    text = flat(claim["text"])
+    assert check_numbers(text, claim["values"], claim["file"]) == []
+    row["ppl_2x"] += 0.002
+    monkeypatch.setattr(sys.modules[__name__], "result", lambda name: data)
+    assert check_numbers(text, claim["values"], claim["file"]) == [
+        f"{text!r}: 5.041 written, {claim['file']} gives {row['ppl_2x']!r}"
+    ]
 
 
 @given(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False), st.integers(0, 5))
@@ -196,3 +253,7 @@ def test_numbers_in_prose() -> None:
     text = "NoPE +8.9–16.1 % at 2× (lm-none-seed0, 9-digit), 2.159e-4 and −1.22; T = 512."
     assert [n for n, _ in numbers(text)] == pytest.approx([8.9, 16.1, 2, 9, 2.159e-4, -1.22, 512])
     assert math.isclose(numbers("2.159e-4")[0][1], 5e-8)
+    assert [n for n, _ in numbers("lengths 1..8, 1,000 lines, 2.1E-4, v1.2.3")] == pytest.approx(
+        [1, 8, 1000, 2.1e-4]
+    )
+    assert numbers("2x and 1.25x")[1] == (1.25, 0.005)

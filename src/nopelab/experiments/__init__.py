@@ -37,7 +37,8 @@ class Part:
     writes into ``--out`` as it goes; ``--resume`` continues it, skipping finished models.
     ``options`` names the ``reproduce`` flags the part takes beyond the common ones (``settings``
     receives each one given as a keyword); ``reuses_models``: the module's
-    ``reuse_models(settings, folder)`` takes models from another finished run (``--models``)."""
+    ``reuse_models(settings, folder)`` takes models from another finished run (``--models``);
+    ``probe_seeds``: its scales' ``seeds`` count probe repeats, not models (:meth:`seed_count`)."""
 
     module: str
     about: str = ""
@@ -46,6 +47,7 @@ class Part:
     only_scales: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
     reuses_models: bool = False
+    probe_seeds: bool = False  # its scales' ``seeds`` are probe repeats, not model seeds
 
     def scale_table(self, scale: str) -> dict[str, Any]:
         """The settings of one of its scales, as its scale file holds them."""
@@ -58,8 +60,11 @@ class Part:
         return tuple(s for s in tables if not self.only_scales or s in self.only_scales)
 
     def seed_count(self, scale: str) -> int:
-        """How many seeds a run at ``scale`` uses: ``--seed``, ``--seed`` + 1, … (its scale's
-        ``seeds``, or the module's ``SEEDS``, else one)."""
+        """How many model seeds a run at ``scale`` uses: ``--seed``, ``--seed`` + 1, … (its
+        scale's ``seeds``, or the module's ``SEEDS``, else one; parts whose ``seeds`` count
+        probe repeats, ``probe_seeds``, train one)."""
+        if self.probe_seeds:
+            return 1
         table = self.scale_table(scale)
         return int(table.get("seeds", getattr(self.code(), "SEEDS", 1)))
 
@@ -96,6 +101,7 @@ EXPERIMENTS = {
                 "probes of the random model over inputs, sites, probes and training sequences",
                 resumable=True,
                 options=("samples",),
+                probe_seeds=True,
             ),
         },
         "random-init",
@@ -148,7 +154,7 @@ EXPERIMENTS = {
         },
         "lengths",
     ),
-    "real-model": Experiment({"smollm2": Part("real_model")}, "smollm2"),
+    "real-model": Experiment({"smollm2": Part("real_model", probe_seeds=True)}, "smollm2"),
 }
 
 

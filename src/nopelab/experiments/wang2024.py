@@ -79,7 +79,7 @@ from nopelab.training.train import autocast_for, load_trained, make_source
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "rope")
 LABELS = {"none": "NoPE", "rope": "RoPE"}
-# multiples of the training length evaluated: fine past 1x, to locate the flat length to 0.1x
+# multiples of the training length evaluated: 0.1x apart up to 1.25x, where a break is near
 LENGTHS = (1, 1.1, 1.2, 1.25, 1.5, 2, 4, 8, 16)
 MECHANISM_LENGTHS = (1, 2, 4, 8)  # those analysed
 BATCH_TOKENS = 8192  # tokens per forward pass when evaluating
@@ -355,8 +355,12 @@ def flat_comparison(breaks: dict[str, dict[str, Any]]) -> str:
     ]
     if not pairs:
         return ""
-    longer = sum(n > r for n, r in pairs)
-    same = sum(n == r for n, r in pairs)
+
+    def length(flat: float | None) -> float:  # none (a diverged model): shorter than any
+        return -1.0 if flat is None or flat != flat else flat
+
+    longer = sum(length(n) > length(r) for n, r in pairs)
+    same = sum(length(n) == length(r) for n, r in pairs)
     nope = ", ".join(_times(n) for n, _ in pairs)
     rope = ", ".join(_times(r) for _, r in pairs)
     return (
@@ -526,13 +530,20 @@ def _fix_verdict(fixes: pd.DataFrame, key: str, target: int) -> str:
     else:
         extends = "no uniform factor extends it"
     return (
-        f"{name}: flat up to {_times(flat)} as trained; {extends}; with HeadScale it is flat up "
-        f"to {_times(float(rows.loc['headscale', 'flat_length']))} "
+        f"{name}: flat up to {_times(flat)} as trained; {extends}; HeadScale "
+        f"{_flat_phrase(rows.loc['headscale', 'flat_length'])} "
         f"({rows.loc['headscale', 'cost_at_1x_percent']:+.2f} % at 1x). At {target}x, where "
         f"HeadScale trains, the perplexity is {rows.loc['none', at]:.3f} as trained, "
         f"{uniform.loc[closest, at]:.3f} with the best uniform factor ({closest}) and "
         f"{rows.loc['headscale', at]:.3f} with HeadScale."
     )
+
+
+def _flat_phrase(flat: float | None) -> str:
+    """What a fix's flat length says, "none" included (above the line already at 1x)."""
+    if flat is None or flat != flat:
+        return "is more than 10 % above the model as trained already at 1x"
+    return f"keeps it flat up to {_times(flat)}"
 
 
 def summary_text(

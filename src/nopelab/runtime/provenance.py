@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,13 +18,19 @@ from nopelab.runtime.rundir import environment
 
 def commit() -> str | None:
     """The git commit of the nopelab source in use (an editable install of a clone), with
-    ``-dirty`` when it has uncommitted changes; ``None`` outside a git checkout."""
-    source = Path(__file__).resolve().parent
+    ``-dirty`` when it has uncommitted changes; ``None`` when this file is not tracked by a git
+    checkout (an installed package, even one inside another repository)."""
+    here = Path(__file__).resolve()
+    source = here.parent
     try:
+        tracked = subprocess.run(
+            ["git", "ls-files", "--error-unmatch", here.name],
+            cwd=source, capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=10
         )
-        if head.returncode != 0:
+        if tracked.returncode != 0 or head.returncode != 0:
             return None
         changed = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
@@ -46,9 +53,25 @@ def cpu_name() -> str:
 
 
 def machine() -> dict[str, Any]:
-    """The CPU, its core count and the load average (1 minute) right now."""
+    """The CPU, the cores this process may use and the load average (1 minute) right now."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "load_1min": load}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu_name(), "cores": cores, "load_1min": load}
+
+
+def peak_memory_gb() -> float | None:
+    """The largest resident memory of this process or of any of its finished children (the
+    jobs' worker processes), in GB; ``None`` where the platform does not say."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return None
+    kilobytes = max(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+    )
+    scale = 1e-9 if sys.platform == "darwin" else 1e-6  # macOS counts bytes, Linux kB
+    return round(kilobytes * scale, 2)
 
 
 def now() -> str:
@@ -62,13 +85,14 @@ def start() -> dict[str, Any]:
 
 def record(command: str, begun: dict[str, Any], seconds: float) -> dict[str, Any]:
     """``run.json``: the command, the code (version, commit, libraries), the machine, when the
-    run started (``begun``: :func:`start`'s), its wall time in seconds and the load average at
-    its start and end."""
+    run started (``begun``: :func:`start`'s), its wall time in seconds, its peak memory and the
+    load average at its start and end."""
     here = machine()
     return {
         "command": command,
         "started": begun["started"],
         "seconds": round(seconds, 1),
+        "peak_memory_gb": peak_memory_gb(),
         "commit": begun["commit"],
         **environment(),
         "cpu": here["cpu"],

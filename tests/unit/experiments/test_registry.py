@@ -108,3 +108,14 @@ def test_a_scale_trains_on_its_own_corpus_unless_corpus_names_one(
     assert {run.corpus.source for run in _runs(part.settings(scale, 0, "cpu")).values()} == {own}
     given = part.settings(scale, 0, "cpu", corpus="sotu")
     assert {run.corpus.source for run in _runs(given).values()} == {"sotu"}
+
+
+def test_seed_count_is_the_model_seeds_of_a_scale() -> None:
+    from nopelab.experiments import EXPERIMENTS
+
+    assert EXPERIMENTS["wang2024"].parts["lengths"].seed_count("small") == 3
+    assert EXPERIMENTS["zuo2025"].parts["mastery"].seed_count("small") == 3  # the module's SEEDS
+    assert EXPERIMENTS["chi2023"].parts["random-init"].seed_count("small") == 1
+    # probe repeats, not models: any --seed up to the largest is accepted
+    assert EXPERIMENTS["chi2023"].parts["probe-study"].seed_count("paper") == 1
+    assert EXPERIMENTS["real-model"].parts["smollm2"].seed_count("small") == 1

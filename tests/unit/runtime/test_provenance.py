@@ -34,3 +34,4 @@ def test_record_holds_the_command_time_and_machine() -> None:
     assert run["started"] == begun["started"] and run["commit"] == begun["commit"]
     assert run["cores"] >= 1 and run["nopelab"]
     assert set(run) >= {"commit", "cpu", "torch", "python", "load_at_end", "started"}
+    assert 0 < run["peak_memory_gb"] < 1000  # this test process holds torch: tens of MB at least
