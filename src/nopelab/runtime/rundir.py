@@ -23,7 +23,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -142,9 +141,7 @@ def replace_atomically(path: Path, write: Callable[[Path], Any]) -> None:
 def replaced_together(paths: Sequence[Path]) -> Iterator[list[Path]]:
     """Yield a temporary file beside each of ``paths`` to write; when the block succeeds they
     are moved over ``paths``, otherwise (an error, a full disk, an interrupt) removed, so the
-    files ``paths`` held before stay as they were. The moves happen with SIGINT and SIGTERM
-    held back, so an interrupt never lands between two of them (a checkpoint's weights beside
-    the previous checkpoint's hashes)."""
+    files ``paths`` held before stay as they were."""
     tmps = []
     try:
         for path in paths:
@@ -152,27 +149,12 @@ def replaced_together(paths: Sequence[Path]) -> Iterator[list[Path]]:
             os.close(fd)
             tmps.append(Path(name))
         yield tmps
-        with signals_deferred():
-            for tmp, path in zip(tmps, paths, strict=True):
-                apply_umask(tmp)
-                os.replace(tmp, path)
+        for tmp, path in zip(tmps, paths, strict=True):
+            apply_umask(tmp)
+            os.replace(tmp, path)
     finally:
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
-
-
-@contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back until the block ends (then a pending one is delivered), for
-    a few steps that must happen together; a no-op where the platform cannot block signals."""
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 _held: set[Path] = set()  # the lock files this process holds (a lock is re-entrant)

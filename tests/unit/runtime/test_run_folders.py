@@ -434,34 +434,3 @@ def test_a_marker_with_tuples_resumes(tmp_path: Path) -> None:
     _check_resumable(tmp_path, marker)
     with pytest.raises(UserError, match="samples is \\[4, 32\\]"):
         _check_resumable(tmp_path, {**marker, "samples": (4, 32)})
-
-
-def test_an_interrupt_between_replaced_files_waits_until_all_are_moved(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A checkpoint's files are replaced together: a SIGINT that arrives as the first one is
-    moved into place is delivered only once the last one is (seen: weights of the new
-    checkpoint beside the hashes of the old, refused on --resume as corrupted)."""
-    import os
-    import signal
-
-    from nopelab.runtime import rundir
-
-    paths = [tmp_path / name for name in ("model", "optimizer", "state")]
-    for path in paths:
-        path.write_text("old")
-    real_replace = os.replace
-    moved = []
-
-    def replace_then_interrupt(source: Path, target: Path) -> None:
-        real_replace(source, target)
-        moved.append(target)
-        if len(moved) == 1:
-            os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(rundir.os, "replace", replace_then_interrupt)
-    with pytest.raises(KeyboardInterrupt), rundir.replaced_together(paths) as tmps:
-        for tmp in tmps:
-            tmp.write_text("new")
-    assert [p.read_text() for p in paths] == ["new", "new", "new"]
-    assert sorted(tmp_path.iterdir()) == sorted(paths)  # no temporary file left
