@@ -357,7 +357,7 @@ def flat_comparison(breaks: dict[str, dict[str, Any]]) -> str:
         return ""
 
     def length(flat: float | None) -> float:  # none (a diverged model): shorter than any
-        return -1.0 if flat is None or flat != flat else flat
+        return -1.0 if flat is None or _no_length(flat) else flat
 
     longer = sum(length(n) > length(r) for n, r in pairs)
     same = sum(length(n) == length(r) for n, r in pairs)
@@ -475,7 +475,12 @@ def _length(factor: float | None) -> str:
 
 def _times(factor: float | None) -> str:
     """A length factor, ``1.25x``; ``none`` for a fix above the line already at 1x."""
-    return "none" if factor is None or factor != factor else f"{factor:g}x"
+    return "none" if _no_length(factor) else f"{factor:g}x"
+
+
+def _no_length(factor: float | None) -> bool:
+    """A flat length that is none: ``None`` in a record, NaN in a table column."""
+    return factor is None or factor != factor
 
 
 def _relation(relation: str, first: str, second: str) -> str:
@@ -541,7 +546,7 @@ def _fix_verdict(fixes: pd.DataFrame, key: str, target: int) -> str:
 
 def _flat_phrase(flat: float | None) -> str:
     """What a fix's flat length says, "none" included (above the line already at 1x)."""
-    if flat is None or flat != flat:
+    if _no_length(flat):
         return "is more than 10 % above the model as trained already at 1x"
     return f"keeps it flat up to {_times(flat)}"
 
