@@ -140,21 +140,52 @@ def replace_atomically(path: Path, write: Callable[[Path], Any]) -> None:
 @contextmanager
 def replaced_together(paths: Sequence[Path]) -> Iterator[list[Path]]:
     """Yield a temporary file beside each of ``paths`` to write; when the block succeeds they
-    are moved over ``paths``, otherwise (an error, a full disk, an interrupt) removed, so the
-    files ``paths`` held before stay as they were."""
-    tmps = []
+    are moved over ``paths`` in order, otherwise (an error, a full disk, an interrupt) removed,
+    so the files ``paths`` held before stay as they were.
+
+    The last path commits the set: until it is moved, the version each earlier file had before
+    stays reachable as :func:`previous_version` (a hard link), so a reader that finds the last
+    file older than the others (an interrupt between the moves) can still find the files that
+    belong with it. Those links are removed once the set on disk is whole again: all moved, or
+    none."""
+    tmps: list[Path] = []
+    kept: list[Path] = []
     try:
         for path in paths:
             fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
             os.close(fd)
             tmps.append(Path(name))
         yield tmps
+        for path in paths[:-1]:
+            if path.is_file():
+                kept.append(previous_version(path))
+                _keep_version(path)
         for tmp, path in zip(tmps, paths, strict=True):
             apply_umask(tmp)
             os.replace(tmp, path)
     finally:
+        waiting = [tmp.exists() for tmp in tmps]  # a moved file's temporary name is gone
+        if all(waiting) or not any(waiting):
+            for link in kept:
+                link.unlink(missing_ok=True)
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
+
+
+def previous_version(path: Path) -> Path:
+    """Where :func:`replaced_together` keeps ``path``'s version before an unfinished move."""
+    return path.with_name(f".{path.name}.previous")
+
+
+def _keep_version(path: Path) -> None:
+    """Link ``path``'s current version to :func:`previous_version` (a copy where the
+    filesystem has no hard links), replacing an older one."""
+    link = previous_version(path)
+    link.unlink(missing_ok=True)
+    try:
+        os.link(path, link)
+    except OSError:
+        shutil.copy2(path, link)
 
 
 _held: set[Path] = set()  # the lock files this process holds (a lock is re-entrant)

@@ -5,8 +5,10 @@ A training run directory holds one checkpoint, written as a set:
 * ``model.safetensors`` — the weights (tied weights stored once);
 * ``optimizer.safetensors`` — the optimiser's per-parameter state, its hyperparameters in the
   file's metadata;
-* ``trainer_state.json`` — the step reached and the SHA-256 of both files, written last, so a
-  file that was truncated, corrupted or swapped by an interrupted save is caught on load;
+* ``trainer_state.json`` — the step reached and the SHA-256 of both files, moved into place
+  last, so a file that was truncated or corrupted is caught on load. A save interrupted between
+  its moves leaves the previous weights and optimiser state beside the new ones, and
+  :func:`settle_checkpoint` puts back the ones the state names;
 * with ``keep_checkpoints``, ``checkpoints/step-N.safetensors`` — the weights at every
   checkpoint, kept for analyses along training.
 
@@ -31,7 +33,7 @@ from torch import nn
 
 from nopelab.errors import RunFailed, UserError, first_line
 from nopelab.limits import size_text
-from nopelab.runtime.rundir import is_disk_full, replaced_together
+from nopelab.runtime.rundir import is_disk_full, previous_version, replaced_together
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -200,6 +202,27 @@ def read_state(out: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
         raise CheckpointError(f"checkpoint: {path} has no step count")
     return state
+
+
+def settle_checkpoint(out: Path) -> bool:
+    """Make the checkpoint in ``out`` whole after a save that was interrupted between its moves
+    (new weights beside the old ``trainer_state.json``): each file the state's hash does not
+    match is replaced by its kept previous version when that one matches. Returns whether a
+    file was put back; kept versions no longer needed are removed."""
+    state = read_state(out)
+    restored = False
+    for name, key in ((MODEL_FILE, "model_sha256"), (OPTIMIZER_FILE, "optimizer_sha256")):
+        path, previous = out / name, previous_version(out / name)
+        if not previous.is_file():
+            continue
+        expected = state.get(key)
+        stale = not path.is_file() or sha256(path) != expected
+        if stale and sha256(previous) == expected:
+            os.replace(previous, path)
+            restored = True
+        else:
+            previous.unlink()
+    return restored
 
 
 def load_checkpoint(

@@ -75,6 +75,7 @@ from nopelab.training.checkpoint import (
     load_checkpoint,
     read_state,
     save_checkpoint,
+    settle_checkpoint,
 )
 from nopelab.training.run import CONFIG_FILE, TrainRun, rank, read_run, world_size
 from nopelab.training.sources import IGNORE, Source, TaskSource, TextSource, load_tokenizer
@@ -164,9 +165,10 @@ def _summary_writer_class() -> type:
 
 
 class Log:
-    """Rows kept in memory and appended to CSV files at each checkpoint, so the files on disk
-    always end at the checkpoint a resumed run starts from; ``writer``, a TensorBoard
-    ``SummaryWriter``, gets the same rows as scalars under ``tag/<column>``."""
+    """Rows kept in memory and added to a CSV file just before each checkpoint (the file is
+    replaced whole, never left half-written); a resumed run cuts the rows past the checkpoint
+    it starts from. ``writer``, a TensorBoard ``SummaryWriter``, gets the same rows as scalars
+    under ``tag/<column>``."""
 
     def __init__(
         self,
@@ -181,7 +183,8 @@ class Log:
         self.rows: list[dict[str, Any]] = []
         if keep_until is not None and self.path.is_file():
             frame = self.check(self.path)
-            frame[frame["step"] <= keep_until].to_csv(self.path, index=False)
+            kept = frame[frame["step"] <= keep_until]
+            replace_atomically(self.path, lambda tmp: kept.to_csv(tmp, index=False))
 
     @staticmethod
     def check(path: Path) -> pd.DataFrame:
@@ -192,6 +195,8 @@ class Log:
             frame = pd.read_csv(path)
         except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
             raise UserError(f"--resume: {path} cannot be read ({first_line(exc)})") from None
+        if "step" in frame and frame.empty:  # the header alone: no rows before the checkpoint
+            return frame.astype({"step": "int64"})
         if "step" not in frame or not pd.api.types.is_integer_dtype(frame["step"]):
             raise UserError(f"--resume: {path} has no column of whole step numbers")
         return frame
@@ -203,8 +208,14 @@ class Log:
         if not self.rows:
             return
         frame = pd.DataFrame(self.rows)
-        header = not self.path.is_file() or self.path.stat().st_size == 0
-        frame.to_csv(self.path, mode="a", header=header, index=False)
+
+        def write(tmp: Path) -> None:  # the old rows and the new ones, moved into place whole
+            header = not self.path.is_file() or self.path.stat().st_size == 0
+            if not header:
+                shutil.copyfile(self.path, tmp)
+            frame.to_csv(tmp, mode="a", header=header, index=False)
+
+        replace_atomically(self.path, write)
         if self.writer is not None:
             for row in self.rows:
                 for column, value in row.items():
@@ -314,6 +325,11 @@ def train(
                 if difference is not None:
                     raise UserError(f"--resume: {difference}")
                 at_step = read_state(out)["step"]
+                if main_process and settle_checkpoint(out):
+                    stage(
+                        f"{label}: its last save was interrupted between files; resuming "
+                        f"from the checkpoint before it (step {at_step})"
+                    )
                 if run.train.steps != stored.train.steps and run.train.steps < at_step:
                     raise UserError(
                         f"--steps: the checkpoint in {out} is at step {at_step}; allowed: "
@@ -324,8 +340,6 @@ def train(
             if resume:
                 _check_data(out, source)
                 if main_process and run.train.steps != stored.train.steps:
-                    from nopelab.runtime.rundir import replace_atomically
-
                     # config.json records the new total (and keeps the device it started on);
                     # the run is unfinished until it reaches it
                     recorded = json.loads((out / CONFIG_FILE).read_text())
@@ -615,6 +629,10 @@ class Trainer:
         if not all(bool(p.isfinite().all()) for p in self.model.parameters()):
             raise _diverged(self.label, done, "the weights are no longer finite")
         if self.main_process:
+            # the logs first: a resumed run cuts rows past its checkpoint, but cannot get back
+            # rows that were never written
+            self.metrics.flush()
+            self.evals.flush()
             seconds = self.train_seconds + self.segment_seconds
             save_checkpoint(
                 self.out, self.model, self.optimizer, {"step": done, "train_seconds": seconds}
@@ -623,8 +641,6 @@ class Trainer:
                 kept = self.out / KEPT_FOLDER / f"step-{done}.safetensors"
                 kept.parent.mkdir(exist_ok=True)
                 replace_atomically(kept, lambda tmp: shutil.copyfile(self.out / MODEL_FILE, tmp))
-            self.metrics.flush()
-            self.evals.flush()
         _barrier()
 
     def close(self) -> None:

@@ -434,3 +434,42 @@ def test_a_marker_with_tuples_resumes(tmp_path: Path) -> None:
     _check_resumable(tmp_path, marker)
     with pytest.raises(UserError, match="samples is \\[4, 32\\]"):
         _check_resumable(tmp_path, {**marker, "samples": (4, 32)})
+
+
+@pytest.mark.parametrize("interrupted_after", [0, 1, 2, 3])
+def test_files_replaced_together_keep_their_previous_versions_until_the_last_is_moved(
+    interrupted_after: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt after k of three moves: the files not yet moved keep their old contents,
+    and until the last (the one that commits the set) is moved, every earlier file's old
+    version stays reachable; once the set is whole (none moved, or all) no copy is left."""
+    from nopelab.runtime import rundir
+
+    paths = [tmp_path / name for name in ("model", "optimizer", "state")]
+    for path in paths:
+        path.write_text(f"old {path.name}")
+    real_replace = os.replace
+    moved: list[Path] = []
+
+    def replace_then_interrupt(source: Path, target: Path) -> None:
+        if interrupted_after > 0:  # the interrupt lands as the move returns
+            real_replace(source, target)
+            moved.append(target)
+        if len(moved) == interrupted_after:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(rundir.os, "replace", replace_then_interrupt)
+    with pytest.raises(KeyboardInterrupt), rundir.replaced_together(paths) as tmps:
+        for tmp, path in zip(tmps, paths, strict=True):
+            tmp.write_text(f"new {path.name}")
+    monkeypatch.undo()
+    assert [p.read_text().split()[0] for p in paths] == ["new"] * len(moved) + ["old"] * (
+        3 - len(moved)
+    )
+    left = sorted(p.name for p in tmp_path.iterdir() if p not in paths)
+    if len(moved) in (0, 3):
+        assert left == []
+    else:
+        assert left == [".model.previous", ".optimizer.previous"]  # no temporary file
+        for path in paths[:2]:
+            assert rundir.previous_version(path).read_text() == f"old {path.name}"

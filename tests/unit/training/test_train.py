@@ -33,6 +33,7 @@ from nopelab.training.checkpoint import (
     checkpoint_bytes,
     load_checkpoint,
     save_checkpoint,
+    sha256,
 )
 from nopelab.training.run import TrainRun, read_run
 from nopelab.training.task_config import TaskConfig
@@ -150,6 +151,73 @@ def test_resumed_run_retraces_the_uninterrupted_one(tmp_path: Path) -> None:
     for name, tensor in load_file(tmp_path / "whole" / "model.safetensors").items():
         assert torch.equal(tensor, load_file(tmp_path / "cut" / "model.safetensors")[name])
     assert whole["final_eval"] == resumed["final_eval"]
+
+
+@pytest.mark.parametrize("interrupted", ["model.safetensors", "optimizer.safetensors"])
+def test_a_save_interrupted_between_its_files_resumes_from_the_checkpoint_before(
+    interrupted: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """An interrupt just after the new weights (or optimiser state) of step 6 are moved into
+    place, before the state file that names them: --resume puts back the files of step 4 and
+    retraces the uninterrupted run (this used to be refused as a corrupted checkpoint)."""
+    run = tiny_run(steps=8, checkpoint_every=2)
+    whole = train(run, tmp_path / "whole", progress=False)
+    out = tmp_path / "cut"
+    real_replace = os.replace
+
+    def replace(source: Path, target: Path) -> None:
+        real_replace(source, target)
+        state = Path(target).parent / "trainer_state.json"
+        at_4 = state.is_file() and json.loads(state.read_text())["step"] == 4
+        if Path(target).name == interrupted and at_4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        train(run, out, progress=False)
+    monkeypatch.undo()
+    state = json.loads((out / "trainer_state.json").read_text())
+    key = interrupted.split(".")[0] + "_sha256"
+    assert state["step"] == 4 and sha256(out / interrupted) != state[key]  # the split
+    capsys.readouterr()
+    resumed = train(run, out, resume=True, progress=False)
+    assert "resuming from the checkpoint before it (step 4)" in capsys.readouterr().err
+    assert not list(out.glob(".*.previous"))
+    pd.testing.assert_frame_equal(
+        pd.read_csv(tmp_path / "whole" / "metrics.csv").drop(columns="tokens_per_second"),
+        pd.read_csv(out / "metrics.csv").drop(columns="tokens_per_second"),
+    )
+    for name, tensor in load_file(tmp_path / "whole" / "model.safetensors").items():
+        assert torch.equal(tensor, load_file(out / "model.safetensors")[name])
+    assert whole["final_eval"] == resumed["final_eval"]
+
+
+def test_a_log_interrupted_while_written_keeps_the_rows_it_had(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt while metrics.csv is written leaves the file as it was, never a torn
+    header or row (a torn header once made --resume refuse the run)."""
+    from nopelab.training.train import Log
+
+    log = Log(tmp_path, "metrics.csv")
+    log.add({"step": 1, "loss": 2.0})
+    log.flush()
+    before = (tmp_path / "metrics.csv").read_bytes()
+
+    def torn(frame: pd.DataFrame, path: Path, **kwargs: object) -> None:
+        with open(path, "a") as f:
+            f.write("step,lo")
+        raise KeyboardInterrupt
+
+    log.add({"step": 2, "loss": 1.5})
+    monkeypatch.setattr(pd.DataFrame, "to_csv", torn)
+    with pytest.raises(KeyboardInterrupt):
+        log.flush()
+    monkeypatch.undo()
+    assert (tmp_path / "metrics.csv").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]
+    log.flush()  # the rows are still held, and land whole
+    assert list(pd.read_csv(tmp_path / "metrics.csv")["step"]) == [1, 2]
 
 
 def test_tensorboard_mirrors_the_logs_across_a_resume(tmp_path: Path) -> None:
@@ -675,8 +743,14 @@ def test_a_full_disk_while_writing_the_logs_keeps_the_checkpoint(
 ) -> None:
     import nopelab.training.train as training
 
-    def full(log) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", str(log.path))
+    flushes = []
+    flush = training.Log.flush
+
+    def full(log) -> None:  # the disk fills after the logs of the first checkpoint
+        flushes.append(log.path.name)
+        if len(flushes) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(log.path))
+        flush(log)
 
     monkeypatch.setattr(training.Log, "flush", full)
     out = tmp_path / "run"
