@@ -3,7 +3,8 @@
     .venv/bin/python scripts/result_file.py runs/wang-small wang2024-lengths-small
 
 writes docs/results/wang2024-lengths-small.json = {"run": run.json, "summary": summary.json}
-(timings inside the summary kept). The pages quote these files, and tests/e2e/test_claims.py
+(timings inside the summary kept). For a sweep's folder the summary is {"results": the rows of
+its results/ table}. The pages quote these files, and tests/e2e/test_claims.py
 checks every quoted number against them (docs/results/README.md). An existing file is
 replaced only with --replace.
 """
@@ -18,14 +19,24 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 
 
+def sweep_summary(folder: Path) -> dict[str, object]:
+    """A sweep's results table as JSON rows, in the order of the cells' keys."""
+    import pandas as pd
+
+    rows = pd.read_parquet(folder / "results").sort_values("cell", kind="stable")
+    return {"results": json.loads(rows.to_json(orient="records"))}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("run", type=Path, help="a reproduction's output folder (--out)")
+    parser.add_argument("run", type=Path, help="a reproduction's or a sweep's --out folder")
     parser.add_argument("name", help="the result file's name, without .json")
     parser.add_argument("--drop", nargs="*", default=[], help="summary keys to leave out")
     parser.add_argument("--replace", action="store_true", help="replace an existing file")
     args = parser.parse_args()
-    missing = [n for n in ("run.json", "summary.json") if not (args.run / n).is_file()]
+    sweep = (args.run / "results").is_dir() and not (args.run / "summary.json").exists()
+    wanted = ("run.json",) if sweep else ("run.json", "summary.json")
+    missing = [n for n in wanted if not (args.run / n).is_file()]
     if missing:
         print(f"result_file: {args.run} has no {' or '.join(missing)}", file=sys.stderr)
         return 2
@@ -33,7 +44,9 @@ def main() -> int:
     if target.exists() and not args.replace:
         print(f"result_file: {target} exists; --replace replaces it", file=sys.stderr)
         return 2
-    summary = json.loads((args.run / "summary.json").read_text())
+    summary = (
+        sweep_summary(args.run) if sweep else json.loads((args.run / "summary.json").read_text())
+    )
     unknown = [key for key in args.drop if key not in summary]
     if unknown:
         print(f"result_file: --drop: no key {', '.join(unknown)} in summary.json", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -45,6 +46,8 @@ def sweep(
 ) -> None:
     """Run every cell of a grid, side by side; finished cells are skipped on a re-run, their rows
     gathered in OUT/results (pandas.read_parquet reads it)."""
+    from nopelab.runtime import provenance
+    from nopelab.runtime.rundir import replace_atomically, write_json
     from nopelab.sweep.engine import run_sweep
     from nopelab.sweep.grid import read_grid
 
@@ -56,6 +59,7 @@ def sweep(
     out = out or Path("runs") / f"sweep-{grid.stem}"
     flags = ["--out", str(out), *(["--seed", str(seed)] if seed is not None else [])]
     again = shlex.join(["nopelab", "sweep", str(grid), *flags])
+    begun, start = provenance.start(), time.perf_counter()
     try:
         counts = run_sweep(spec, out, address)
     except KeyboardInterrupt:
@@ -70,4 +74,8 @@ def sweep(
             err=True,
         )
         sys.exit(1)
+    # run.json: what made the results; a re-run that skipped finished cells says how many
+    run = provenance.record(again, begun, time.perf_counter() - start)
+    run["cells_skipped"] = counts["skipped"]
+    replace_atomically(out / "run.json", lambda tmp: write_json(tmp, run))
     typer.echo(f"wrote {out / 'results'} ({counts['done']} cells)")

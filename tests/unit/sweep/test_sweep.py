@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import json
 import os
 import signal
 import socket
@@ -12,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -257,6 +260,11 @@ def test_seed_runs_every_cell_at_that_seed_instead_of_the_grids(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     rows = pd.read_parquet(tmp_path / "out" / "results")
     assert list(rows["seed"]) == [3]
+    run = json.loads((tmp_path / "out" / "run.json").read_text())  # what made the results
+    assert run["command"].endswith("--seed 3") and run["cells_skipped"] == 0
+    assert run["seconds"] > 0 and {"commit", "cpu", "nopelab"} <= set(run)
+    kept = _result_file_script().sweep_summary(tmp_path / "out")  # docs/results' summary
+    assert [row["seed"] for row in kept["results"]] == [3]
     other = run_sweep_cli([str(grid), "--out", str(tmp_path / "out"), "--seed", "4"], tmp_path)
     assert other.returncode == 2 and "holds a sweep of another grid" in other.stderr
     bad = run_sweep_cli([str(grid), "--out", str(tmp_path / "o2"), "--seed", "-1"], tmp_path)
@@ -265,6 +273,15 @@ def test_seed_runs_every_cell_at_that_seed_instead_of_the_grids(tmp_path: Path) 
         "nopelab: error: --seed: must be an int in 0..9223372036854775807, got -1"
     )
     assert not (tmp_path / "o2").exists()
+
+
+def _result_file_script() -> Any:
+    path = Path(__file__).resolve().parents[3] / "scripts" / "result_file.py"
+    spec = importlib.util.spec_from_file_location("result_file", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_an_unknown_corpus_name_is_refused_before_the_sweep_folder_is_made(tmp_path: Path) -> None:
