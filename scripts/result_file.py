@@ -3,7 +3,9 @@
     .venv/bin/python scripts/result_file.py runs/wang-small wang2024-lengths-small
 
 writes docs/results/wang2024-lengths-small.json = {"run": run.json, "summary": summary.json}
-(timings inside the summary kept). For a sweep's folder the summary is {"results": the rows of
+(timings inside the summary kept), and "models": each trained model's own summary.json (its
+final evaluation, steps, parameters, training time: runs/NAME/summary.json), so a multi-seed
+mean ships with every seed's value. For a sweep's folder the summary is {"results": the rows of
 its results/ table}. The pages quote these files, and tests/e2e/test_claims.py
 checks every quoted number against them (docs/results/README.md). An existing file is
 replaced only with --replace.
@@ -55,6 +57,12 @@ def main() -> int:
         "run": json.loads((args.run / "run.json").read_text()),
         "summary": {k: v for k, v in summary.items() if k not in args.drop},
     }
+    models = {
+        path.parent.name: json.loads(path.read_text())
+        for path in sorted((args.run / "runs").glob("*/summary.json"))
+    }
+    if models:
+        record["models"] = models
     run = record["run"]
     if str(run.get("commit")).endswith("-dirty") or run.get("commit") is None:
         print(f"result_file: warning: {args.run} ran code of no clean commit", file=sys.stderr)
