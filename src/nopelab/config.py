@@ -18,13 +18,27 @@ import tomllib
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, Union, cast, get_args, get_origin, get_type_hints
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    Literal,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 import yaml
 
+from nopelab.encodings import ENCODINGS, NAMES, encoding
 from nopelab.errors import ConfigError, first_line
 
-PosEncoding = Literal["none", "learned", "sinusoidal", "rope", "alibi"]
+if TYPE_CHECKING:
+    PosEncoding = str  # one of nopelab.encodings.NAMES
+else:
+    PosEncoding = Literal[NAMES]  # the choices the command line and the checks see
 Init = Literal[
     "normal", "gpt2", "xavier_normal", "xavier_uniform", "kaiming_uniform", "uniform", "pytorch"
 ]
@@ -222,7 +236,9 @@ class ModelConfig:
     max_seq_len: int = setting(256, "Learned position table size")
     pos_encoding: PosEncoding = setting("none", "Positional encoding")
     nope_layers: tuple[int, ...] = setting(
-        (), "1-based layers whose attention skips rope/alibi, e.g. 2,4", shown="none"
+        (),
+        "1-based layers whose attention skips an attention-level encoding, e.g. 2,4",
+        shown="none",
     )
     rope_theta: float = setting(10000.0, "RoPE base")
     logit_scale: float = setting(
@@ -258,8 +274,11 @@ class ModelConfig:
             raise ConfigError(
                 "d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}"
             )
-        if self.pos_encoding == "rope" and self.head_dim % 2:
-            raise ConfigError("d_model", f"rope needs an even head dimension, got {self.head_dim}")
+        if encoding(self.pos_encoding).level == "rotary" and self.head_dim % 2:
+            raise ConfigError(
+                "d_model",
+                f"{self.pos_encoding} needs an even head dimension, got {self.head_dim}",
+            )
         check_positive("init_std", self.init_std)
         check_positive("norm_eps", self.norm_eps)
         check_positive("rope_theta", self.rope_theta)
@@ -273,10 +292,11 @@ class ModelConfig:
                 raise ConfigError(
                     "nope_layers", f"layer {layer} is outside 1..{self.n_layers} (1-based)"
                 )
-        if self.nope_layers and self.pos_encoding not in ("rope", "alibi"):
+        if self.nope_layers and not encoding(self.pos_encoding).in_attention:
+            inside = ", ".join(e.name for e in ENCODINGS.values() if e.in_attention)
             raise ConfigError(
                 "nope_layers",
-                "only applies to attention-level encodings (rope, alibi), "
+                f"only applies to attention-level encodings ({inside}), "
                 f"not pos_encoding={self.pos_encoding!r}",
             )
 
@@ -285,8 +305,8 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     def attention_pe_layers(self) -> list[bool]:
-        """Per layer (0-based list), whether attention applies rope/alibi."""
-        uses = self.pos_encoding in ("rope", "alibi")
+        """Per layer (0-based list), whether attention applies the attention-level encoding."""
+        uses = encoding(self.pos_encoding).in_attention
         return [uses and (i + 1) not in self.nope_layers for i in range(self.n_layers)]
 
 
@@ -334,7 +354,7 @@ class AnalysisConfig:
 
     def check_model(self, model: ModelConfig) -> None:
         """Reject combinations that the model cannot run."""
-        if model.pos_encoding == "learned" and self.seq_len > model.max_seq_len:
+        if encoding(model.pos_encoding).table and self.seq_len > model.max_seq_len:
             raise ConfigError(
                 "seq_len",
                 f"{self.seq_len} exceeds the learned position table (max_seq_len={model.max_seq_len})",

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from nopelab.config import AnalysisConfig, InterventionConfig, ModelConfig
+from nopelab.encodings import encoding
 from nopelab.errors import ConfigError, UserError
 
 GIB = 2**30
@@ -51,8 +52,7 @@ def parameter_count(cfg: ModelConfig) -> int:
     else:
         mlp = 2 * d * hidden + (hidden + d) * bias
     embeddings = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
-    if cfg.pos_encoding == "learned":
-        embeddings += cfg.max_seq_len * d
+    embeddings += encoding(cfg.pos_encoding).parameters(cfg)
     final_norm = norm if cfg.norm_position == "pre" else 0
     return embeddings + cfg.n_layers * (2 * norm + attention + mlp) + final_norm
 
@@ -71,7 +71,7 @@ def check_analysis(cfg: ModelConfig, analysis: AnalysisConfig, statistics: bool 
     """Refuse an analysis whose model, batch or (``statistics``) T x T statistics per site and
     layer would not fit."""
     batch, seq_len = analysis.batch_size, analysis.seq_len
-    activations = forward_bytes(cfg, batch, seq_len, scores=cfg.pos_encoding == "alibi")
+    activations = forward_bytes(cfg, batch, seq_len, scores=encoding(cfg.pos_encoding).scores)
     if analysis.attn_entropy:
         activations += attention_bytes(cfg.n_heads, batch, seq_len)
     _check(
@@ -156,7 +156,7 @@ def backward_bytes(cfg: ModelConfig, batch_size: int, seq_len: int) -> int:
     tokens = batch_size * seq_len
     kept = cfg.n_layers * tokens * cfg.d_model * (10 + 3 * cfg.mlp_ratio)
     logits = 3 * tokens * cfg.vocab_size  # logits, their softmax and its gradient
-    scores = cfg.pos_encoding == "alibi"
+    scores = encoding(cfg.pos_encoding).scores
     return 4 * (kept + logits) + forward_bytes(cfg, batch_size, seq_len, scores)
 
 

@@ -69,13 +69,13 @@ def test_estimates_grow_with_what_they_count(monkeypatch: pytest.MonkeyPatch) ->
     assert needs[1] > needs[0]
 
 
-@pytest.mark.parametrize("pos_encoding", ["none", "alibi"])
+@pytest.mark.parametrize("pos_encoding", ["none", "alibi", "t5"])
 def test_attention_entropy_needs_a_chunk_not_the_matrix(
     pos_encoding: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The attention statistics rebuild the logits a chunk of query rows at a time: what they
     add stays at one chunk (its bound, once T is long enough), not a T x T matrix per head.
-    ALiBi keeps its T x T term: the fused kernel takes its bias as a mask."""
+    A position bias (ALiBi, T5) keeps its T x T term: the fused kernel takes it as a mask."""
     activations: list[int] = []
     monkeypatch.setattr(
         limits, "_check", lambda doing, parts: activations.append(parts["activations"][0])
@@ -92,7 +92,7 @@ def test_attention_entropy_needs_a_chunk_not_the_matrix(
     ]
     assert added == [limits.ATTENTION_CHUNK * 2**22] * 3
     matrix = 4 * 2 * 32768**2  # float32, 2 heads
-    assert (activations[-2] > matrix) == (pos_encoding == "alibi")
+    assert (activations[-2] > matrix) == (pos_encoding in ("alibi", "t5"))
 
 
 def test_a_model_that_does_not_fit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

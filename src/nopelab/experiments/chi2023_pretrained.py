@@ -22,6 +22,7 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import ATTENTION, DEFAULT_SITES, AnalysisConfig, PosEncoding
+from nopelab.encodings import labels_of
 from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.summary_template import (
     corpus_values,
@@ -50,7 +51,7 @@ from nopelab.training.run import TrainRun
 from nopelab.training.train import make_source
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "rope")
-LABELS = {"none": "NoPE", "learned": "learned", "rope": "RoPE"}
+LABELS = labels_of(POS_ENCODINGS)
 
 
 class Scale(CorpusScale):

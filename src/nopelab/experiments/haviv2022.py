@@ -25,6 +25,7 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig, PosEncoding, Probe, ProbeConfig, Site
+from nopelab.encodings import labels_of
 from nopelab.experiments.scale_files import read_published, read_scales
 from nopelab.experiments.summary_template import (
     corpus_values,
@@ -42,7 +43,7 @@ from nopelab.training.run import TrainRun
 from nopelab.training.train import load_trained, make_source
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "alibi")
-LABELS = {"none": "NoPE", "learned": "learned", "sinusoidal": "sinusoidal", "alibi": "ALiBi"}
+LABELS = labels_of(POS_ENCODINGS)
 PROBES: tuple[Probe, ...] = ("linear-cls", "mlp-cls")
 SHAPE_PROBE = "mlp-cls"  # the probe drawn against the published curves
 SITES: tuple[Site, ...] = ("embed", "resid_post")

@@ -23,6 +23,7 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import PosEncoding
+from nopelab.encodings import labels_of
 from nopelab.errors import ConfigError
 from nopelab.experiments.scale_files import read_published, read_scales
 from nopelab.experiments.summary_template import corpus_values, fill
@@ -36,13 +37,7 @@ from nopelab.training.corpus import load_text, split_text
 from nopelab.training.run import TrainRun
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "rope", "alibi")
-LABELS = {
-    "none": "NoPE",
-    "learned": "learned",
-    "sinusoidal": "sinusoidal",
-    "rope": "RoPE",
-    "alibi": "ALiBi",
-}
+LABELS = labels_of(POS_ENCODINGS)
 
 # Haviv et al. 2022, Table 2 (published/haviv2022.toml): validation perplexity on the Pile
 # (1024 tokens) by model size

@@ -43,6 +43,7 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import ATTENTION, AnalysisConfig, PosEncoding
+from nopelab.encodings import labels_of
 from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.summary_template import (
     corpus_values,
@@ -78,7 +79,7 @@ from nopelab.training.sources import TextSource
 from nopelab.training.train import autocast_for, load_trained, make_source
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "rope")
-LABELS = {"none": "NoPE", "rope": "RoPE"}
+LABELS = labels_of(POS_ENCODINGS)
 # multiples of the training length evaluated: 0.1x apart up to 1.25x, where a break is near
 LENGTHS = (1, 1.1, 1.2, 1.25, 1.5, 2, 4, 8, 16)
 MECHANISM_LENGTHS = (1, 2, 4, 8)  # those analysed

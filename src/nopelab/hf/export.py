@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from transformers.utils import logging as hf_logging
 
 from nopelab.config import ModelConfig
+from nopelab.encodings import encoding
 from nopelab.errors import ConfigError
 from nopelab.models.transformer import (
     MLP,
@@ -59,9 +60,10 @@ def family(cfg: ModelConfig) -> str:
         raise _refuse("bidirectional", "Hugging Face causal LMs mask the future")
     if cfg.norm_position != "pre":
         raise _refuse("norm_position", f"{cfg.norm_position}-LN does not export")
-    if cfg.pos_encoding in ("sinusoidal", "alibi"):
+    families = encoding(cfg.pos_encoding).export
+    if not families:
         raise _refuse("pos_encoding", f"{cfg.pos_encoding} does not export")
-    gpt2 = cfg.pos_encoding == "learned" or (cfg.pos_encoding == "none" and cfg.norm == "layernorm")
+    gpt2 = families == ("gpt2",) or ("gpt2" in families and cfg.norm == "layernorm")
     if gpt2:
         if cfg.norm != "layernorm":
             raise _refuse("norm", f"pos_encoding {cfg.pos_encoding} needs layernorm (gpt2)")
@@ -74,7 +76,7 @@ def family(cfg: ModelConfig) -> str:
         raise _refuse("mlp", "rmsnorm needs mlp swiglu (llama, smollm3)")
     if cfg.bias:
         raise _refuse("bias", "llama and smollm3 exports have no biases")
-    return "llama" if cfg.pos_encoding == "rope" and not cfg.nope_layers else "smollm3"
+    return "llama" if "llama" in families and not cfg.nope_layers else "smollm3"
 
 
 def hf_config(cfg: ModelConfig) -> transformers.PreTrainedConfig:
@@ -149,7 +151,7 @@ def _gpt2_tensors(model: Transformer) -> dict[str, Tensor]:
         bias = bias if bias is not None else torch.zeros(weight.shape[0])
         return {f"{prefix}.weight": weight.T, f"{prefix}.bias": bias}
 
-    if cfg.pos_encoding == "learned":
+    if encoding(cfg.pos_encoding).table:
         positions = cast(LearnedPositionalEmbedding, model.pos).table.weight
     else:  # NoPE: a position table that adds nothing
         positions = torch.zeros(cfg.max_seq_len, cfg.d_model)
@@ -314,7 +316,7 @@ def export_run(run_dir: Path, out: Path, seed: int = 0, shown_as: Path | None = 
     else:
         notes = NO_TOKENIZER_NOTE
     cfg = run.model
-    if name == "gpt2" and cfg.pos_encoding == "none":
+    if name == "gpt2" and encoding(cfg.pos_encoding).level == "none":
         notes += NOPE_GPT2_NOTE
     folder = str(shown_as or out)
     nope = f", nope_layers {list(cfg.nope_layers)}" if cfg.nope_layers else ""

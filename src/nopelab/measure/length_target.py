@@ -12,6 +12,7 @@ from typing import Any
 from torch import nn
 
 from nopelab.config import ModelConfig
+from nopelab.encodings import encoding
 from nopelab.errors import ConfigError, UserError
 from nopelab.limits import forward_bytes
 from nopelab.measure.length import LengthPlan, plan_lengths
@@ -43,12 +44,12 @@ def native_target(run_dir: Path, asked: dict[str, Any]) -> EvaluationTarget:
     source = make_source(run, run_dir)
     assert isinstance(source, TextSource)  # a run without a task has a corpus
     cfg, train_len = run.model, run.train.seq_len
-    scores = cfg.pos_encoding == "alibi"  # its bias is a T x T matrix
+    scores = encoding(cfg.pos_encoding).scores  # a bias is a T x T matrix
 
     def window_bytes(length: int) -> int:  # the forward pass and the loss's log-softmax
         return forward_bytes(cfg, 1, length, scores) + 4 * length * cfg.vocab_size
 
-    table = cfg.max_seq_len if cfg.pos_encoding == "learned" else None
+    table = cfg.max_seq_len if encoding(cfg.pos_encoding).table else None
     held_out = len(source.stream.val)
     plan = plan_lengths(train_len, held_out, window_bytes, table=table, **asked)
     _, model = load_trained(run_dir)

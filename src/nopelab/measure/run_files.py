@@ -35,6 +35,7 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import RunConfig
+from nopelab.encodings import encoding
 from nopelab.measure import theory
 from nopelab.measure.capture import CaptureResult
 from nopelab.runtime.device import resolve_device
@@ -157,7 +158,7 @@ def first_layer_theory(cfg: RunConfig) -> np.ndarray | None:
         and m.norm_position == "pre"
         and m.init == "normal"
         and not m.bias
-        and m.pos_encoding in ("none", "rope")
+        and encoding(m.pos_encoding).level in ("none", "rotary")  # no position added or biased
         and a.input == "random"
     )
     if not applies:

@@ -4,7 +4,11 @@ Positional encodings come in two kinds, each a small swappable part with a null 
 
 * added to the input embedding: ``NoPositionalEmbedding`` (NoPE), ``LearnedPositionalEmbedding``,
   ``SinusoidalPositionalEmbedding``;
-* applied inside attention: ``NoAttentionPE`` (NoPE), ``RotaryPE`` (RoPE), ``ALiBiPE``.
+* applied inside attention: ``NoAttentionPE`` (NoPE), ``RotaryPE`` (RoPE), ``ALiBiPE``, and
+  T5's bucketed relative bias (:mod:`nopelab.models.t5_bias`, one module shared by every layer).
+
+  Each encoding's spec in :mod:`nopelab.encodings` names its module, which the model builds
+  with the module's ``from_config``.
   ``ModelConfig.nope_layers`` switches the attention-level encoding off in chosen layers,
   the way SmolLM3 and Llama 4 interleave NoPE layers with RoPE layers.
 
@@ -21,18 +25,20 @@ scores or probabilities, which only the explicit path materialises; its queries 
 q·k by ``logit_scale / sqrt(head_dim)`` (``ModelConfig.logit_scale``, 1 by default), or, with
 ``ModelConfig.head_scales``, each head's by its own learnable ``head_scale / sqrt(head_dim)``:
 Wang et al.'s (2024) cure for the attention of NoPE models spreading out past the training
-length. A position bias (ALiBi) is added after the scaling.
+length. A position bias (ALiBi, T5's) is added after the scaling.
 """
 
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nopelab.config import ModelConfig
+from nopelab.encodings import encoding
 
 
 class HookPoint(nn.Identity):
@@ -59,6 +65,10 @@ class LearnedPositionalEmbedding(nn.Module):
     def __init__(self, max_seq_len: int, d_model: int):
         super().__init__()
         self.table = nn.Embedding(max_seq_len, d_model)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> LearnedPositionalEmbedding:
+        return cls(cfg.max_seq_len, cfg.d_model)
 
     def forward(self, x: Tensor) -> Tensor:
         T = x.shape[1]
@@ -92,6 +102,10 @@ class SinusoidalPositionalEmbedding(nn.Module):
         super().__init__()
         self.d_model = d_model
         self.token_scale = math.sqrt(d_model)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> SinusoidalPositionalEmbedding:
+        return cls(cfg.d_model)
 
     def forward(self, x: Tensor) -> Tensor:
         return x + sinusoidal_table(x.shape[1], self.d_model).to(x.device, x.dtype)
@@ -130,6 +144,10 @@ class RotaryPE(AttentionPE):
         inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> RotaryPE:
+        return cls(cfg.head_dim, cfg.rope_theta)
+
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         T = q.shape[-2]
         freqs = torch.outer(torch.arange(T, device=q.device, dtype=torch.float32), self.inv_freq)
@@ -160,6 +178,10 @@ class ALiBiPE(AttentionPE):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> ALiBiPE:
+        return cls(cfg.n_heads)
+
     def bias(self, T: int, causal: bool, device: torch.device) -> Tensor:
         pos = torch.arange(T, device=device)
         distance = (
@@ -169,19 +191,24 @@ class ALiBiPE(AttentionPE):
 
 
 def make_input_pe(cfg: ModelConfig) -> nn.Module:
-    if cfg.pos_encoding == "learned":
-        return LearnedPositionalEmbedding(cfg.max_seq_len, cfg.d_model)
-    if cfg.pos_encoding == "sinusoidal":
-        return SinusoidalPositionalEmbedding(cfg.d_model)
-    return NoPositionalEmbedding()
+    """The input-level encoding of ``cfg`` (its spec in :mod:`nopelab.encodings`), else NoPE."""
+    spec = encoding(cfg.pos_encoding)
+    return spec.build(cfg) if spec.level == "input" else NoPositionalEmbedding()
 
 
-def make_attention_pe(cfg: ModelConfig, layer: int) -> AttentionPE:
-    if not cfg.attention_pe_layers()[layer]:
-        return NoAttentionPE()
-    if cfg.pos_encoding == "rope":
-        return RotaryPE(cfg.head_dim, cfg.rope_theta)
-    return ALiBiPE(cfg.n_heads)
+def make_attention_pes(cfg: ModelConfig) -> list[AttentionPE]:
+    """Each layer's attention-level encoding: NoPE where ``cfg`` has none or ``nope_layers``
+    switches it off; one module for all layers where the encoding is shared (T5's bias)."""
+    spec = encoding(cfg.pos_encoding)
+    if not spec.in_attention:
+        return [NoAttentionPE() for _ in range(cfg.n_layers)]
+    shared = spec.build(cfg) if spec.shared else None
+    return [
+        cast(AttentionPE, shared if shared is not None else spec.build(cfg))
+        if uses
+        else NoAttentionPE()
+        for uses in cfg.attention_pe_layers()
+    ]
 
 
 # ------------------------------------------------------------------------------ blocks
@@ -196,13 +223,13 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 class Attention(nn.Module):
     """Multi-head self-attention, causal unless the config says bidirectional."""
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, pe: AttentionPE):
         super().__init__()
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
         self.causal = not cfg.bidirectional
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
-        self.pe = make_attention_pe(cfg, layer)
+        self.pe = pe
         self.logit_scale = cfg.logit_scale
         # per-head factors multiply q, so the fused kernel needs only the common 1/sqrt(head_dim)
         self.head_scale = (
@@ -308,11 +335,11 @@ def make_mlp(cfg: ModelConfig) -> nn.Module:
 class Block(nn.Module):
     """One transformer layer, pre-LN (GPT-2) or post-LN (original Transformer)."""
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, pe: AttentionPE):
         super().__init__()
         self.pre_norm = cfg.norm_position == "pre"
         self.norm_1, self.norm_2 = make_norm(cfg), make_norm(cfg)
-        self.attn = Attention(cfg, layer)
+        self.attn = Attention(cfg, pe)
         self.mlp = make_mlp(cfg)
         self.hook_attn_out = HookPoint()  # attention output after the projection, before the add
         self.hook_resid_mid = HookPoint()
@@ -337,7 +364,7 @@ class Transformer(nn.Module):
         self.pos = make_input_pe(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
         self.hook_embed = HookPoint()
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, pe) for pe in make_attention_pes(cfg))
         self.norm_f = make_norm(cfg) if cfg.norm_position == "pre" else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nopelab.encodings import encoding
 from nopelab.errors import RunFailed, UserError
 from nopelab.limits import check_head_scales
 from nopelab.models.transformer import Block, Transformer
@@ -152,7 +153,7 @@ def check_length(run: TrainRun, source: TextSource, factor: float) -> int:
     ``--length`` when a learned position table or the training text cannot take it."""
     tokens = round(factor * run.train.seq_len)
     cfg = run.model
-    if cfg.pos_encoding == "learned" and tokens > cfg.max_seq_len:
+    if encoding(cfg.pos_encoding).table and tokens > cfg.max_seq_len:
         raise UserError(
             f"--length: {factor:g}x is {tokens} tokens, beyond the learned position table of "
             f"{cfg.max_seq_len}"

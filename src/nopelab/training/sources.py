@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nopelab.config import CorpusConfig, ModelConfig, embedded_names
+from nopelab.encodings import encoding
 from nopelab.errors import ConfigError
 from nopelab.training import tasks
 from nopelab.training.corpus import TokenStream, load_text, split_text
@@ -104,7 +105,7 @@ class TaskSource:
                 "seq_len",
                 f"must hold a whole line of the task ({longest} characters), got {seq_len}",
             )
-        if model.pos_encoding == "learned" and seq_len > model.max_seq_len:
+        if encoding(model.pos_encoding).table and seq_len > model.max_seq_len:
             raise ConfigError(
                 "max_seq_len",
                 f"the learned position table must cover the training context of {seq_len} "
@@ -193,7 +194,7 @@ class TextSource:
                 "vocab_size",
                 f"the {self.cfg.tokenizer} tokenizer has {self.vocab_size} tokens; got {model.vocab_size}",
             )
-        if model.pos_encoding == "learned":
+        if encoding(model.pos_encoding).table:
             if seq_len > model.max_seq_len:
                 raise ConfigError(
                     "seq_len",

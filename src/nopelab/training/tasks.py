@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from nopelab.encodings import encoding
 from nopelab.errors import ConfigError, UserError
 from nopelab.training.task_config import VOCAB, TaskConfig
 from nopelab.training.task_kinds import TASK_KINDS, Example
@@ -296,7 +297,7 @@ def greedy_answers(
     if not examples:
         raise ValueError("greedy_answers needs at least one example")
     cfg = getattr(model, "cfg", None)
-    if cfg is not None and cfg.pos_encoding == "learned":
+    if cfg is not None and encoding(cfg.pos_encoding).table:
         longest = max((pad_to or len(e.prompt)) + len(e.answer) for e in examples)
         if longest > cfg.max_seq_len:
             raise UserError(

@@ -69,7 +69,7 @@ def test_the_default_scale_changes_nothing() -> None:
     torch.testing.assert_close(attn(x), brute_force(attn, x, torch.ones(HEADS)), atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("pos_encoding", ["none", "rope", "alibi"])
+@pytest.mark.parametrize("pos_encoding", ["none", "rope", "alibi", "t5"])
 @pytest.mark.parametrize("path", ["fused", "explicit"])
 @torch.no_grad()
 def test_a_uniform_scale_multiplies_every_head_logits(pos_encoding: str, path: str) -> None:
@@ -94,7 +94,7 @@ def test_head_scales_start_as_the_uniform_scale(scale: float) -> None:
     )
 
 
-@pytest.mark.parametrize("pos_encoding", ["none", "rope", "alibi"])
+@pytest.mark.parametrize("pos_encoding", ["none", "rope", "alibi", "t5"])
 @pytest.mark.parametrize("path", ["fused", "explicit"])
 @torch.no_grad()
 def test_each_head_has_its_own_scale(pos_encoding: str, path: str) -> None:

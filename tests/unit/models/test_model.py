@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from nopelab.config import POS_ENCODINGS, ModelConfig
 from nopelab.measure.sites import sites_of
+from nopelab.models.t5_bias import T5RelativeBias
 from nopelab.models.transformer import (
     ALiBiPE,
     Attention,
@@ -143,7 +144,7 @@ def test_causal_output_ignores_future_tokens(pe: str, explicit: bool) -> None:
         assert max_diff(a[name][:, t + 1 :], b[name][:, t + 1 :]) > CHANGED, name
 
 
-@pytest.mark.parametrize("pe", ["none", "rope", "alibi"])
+@pytest.mark.parametrize("pe", ["none", "rope", "alibi", "t5"])
 def test_bidirectional_output_sees_future_tokens(pe: str) -> None:
     """The causality test above can fail: a bidirectional model does look ahead."""
     model = make_model(pos_encoding=pe, bidirectional=True)
@@ -322,7 +323,7 @@ def test_alibi_scores_minus_content_term_equal_bias() -> None:
 
 @pytest.mark.parametrize(
     ("pe", "bidirectional"),
-    [(pe, False) for pe in POS_ENCODINGS] + [(pe, True) for pe in ("none", "rope", "alibi")],
+    [(pe, False) for pe in POS_ENCODINGS] + [(pe, True) for pe in ("none", "rope", "alibi", "t5")],
 )
 def test_repeated_token_states_are_position_free_iff_no_input_encoding(
     pe: str, bidirectional: bool
@@ -340,7 +341,7 @@ def test_repeated_token_states_are_position_free_iff_no_input_encoding(
             assert spread < TIGHT, name
 
 
-@pytest.mark.parametrize("pe", ["rope", "alibi"])
+@pytest.mark.parametrize("pe", ["rope", "alibi", "t5"])
 @pytest.mark.parametrize("nope_layers", [(1,), (2,)])
 def test_nope_layers_have_position_free_scores(pe: str, nope_layers: tuple[int, ...]) -> None:
     """Repeated-token input: every layer's input is identical across positions (see above),
@@ -355,7 +356,7 @@ def test_nope_layers_have_position_free_scores(pe: str, nope_layers: tuple[int, 
             assert type(model.blocks[layer - 1].attn.pe) is NoAttentionPE
             assert spread < TIGHT, layer
         else:
-            assert isinstance(model.blocks[layer - 1].attn.pe, (RotaryPE, ALiBiPE))
+            assert isinstance(model.blocks[layer - 1].attn.pe, (RotaryPE, ALiBiPE, T5RelativeBias))
             assert spread > CHANGED, layer
 
 
@@ -423,7 +424,7 @@ def test_forward_needs_exactly_one_input() -> None:
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])
-@pytest.mark.parametrize("pe", ["none", "rope", "alibi"])
+@pytest.mark.parametrize("pe", ["none", "rope", "alibi", "t5"])
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, TIGHT), (torch.float32, 1e-5)])
 def test_explicit_attention_equals_fused(
     pe: str, bidirectional: bool, dtype: torch.dtype, tol: float
