@@ -575,3 +575,10 @@ def test_the_console_script_starts_without_pytorch() -> None:
     code = f"import sys, {module}; {module}.{function}; print(sorted({{'torch', 'numpy'}} & set(sys.modules)))"
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert shown.stdout.strip() == "[]", shown
+
+
+def test_version_prints_the_package_version(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nopelab import __version__
+
+    assert run_cli(["--version"], monkeypatch) == 0
+    assert capsys.readouterr().out == f"nopelab {__version__}\n"

@@ -17,6 +17,26 @@ app = typer.Typer(
     help="Measure where transformers without positional encodings keep position.",
 )
 
+
+
+def _version(value: bool) -> None:
+    if value:
+        from nopelab import __version__
+
+        typer.echo(f"nopelab {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Measure where transformers without positional encodings keep position."""
+
+
 MODEL, ANALYSIS, DATA, TRAINING, PROBE, OUTPUT = (
     "Model", "Analysis", "Data", "Training", "Probe", "Output",
 )  # fmt: skip
