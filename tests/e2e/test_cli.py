@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from helpers import failure_line, run_cli
 from nopelab.cli import app
 from nopelab.config import DEFAULT_SITES
+from nopelab.extras import EXTRAS
 from nopelab.runtime import progress as progress_module
 
 TINY = [
@@ -582,3 +583,63 @@ def test_version_prints_the_package_version(capsys, monkeypatch: pytest.MonkeyPa
 
     assert run_cli(["--version"], monkeypatch) == 0
     assert capsys.readouterr().out == f"nopelab {__version__}\n"
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "message"),
+    [
+        ("transformers", ["analyze", "hf:MODEL"], "a Hugging Face model (hf:PATH) needs the 'hf'"),
+        ("transformers", ["export", "RUN", "--out", "OUT"], "nopelab export needs the 'hf'"),
+        (
+            "ray",
+            ["sweep", "GRID", "--address", "auto"],
+            "--address (a Ray cluster) needs the 'ray'",
+        ),
+    ],
+)
+def test_a_command_that_needs_a_missing_extra_names_it(
+    module: str, args: list[str], message: str, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """The optional packages are extras; without one, the command that needs it stops in one
+    line naming the extra (exit 2), before anything is written."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "grid.toml").write_text('command = "analyze"\n[axes]\n"model.n_layers" = [1]\n')
+    places = {"hf:MODEL": f"hf:{tmp_path / 'model'}", "RUN": str(tmp_path / "run"),
+              "OUT": str(tmp_path / "out"), "GRID": str(tmp_path / "grid.toml")}  # fmt: skip
+    monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
+    monkeypatch.chdir(tmp_path)
+    assert run_cli([places.get(a, a) for a in args], monkeypatch) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"nopelab: error: {message} extra ({module} is not installed): "
+        f"pip install 'nopelab[{EXTRAS[module]}]'"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.toml", "model"]
+
+
+def test_the_default_paths_need_no_extra(tmp_path: Path) -> None:
+    """Random and trained native models, analysed and probed, with none of the extras."""
+    script = """
+import sys
+for name in ("transformers", "gguf", "accelerate", "ray", "concept_erasure"):
+    sys.modules[name] = None
+from nopelab.cli.main import main
+for args in (
+    ["analyze", "--layers", "1", "--d-model", "16", "--heads", "2", "--seq-len", "16",
+     "--samples", "4", "--sites", "attn_out,attention", "--out", "a"],
+    ["train", "--task", "copy", "--max-len", "3", "--layers", "1", "--d-model", "16",
+     "--heads", "2", "--seq-len", "16", "--batch-size", "4", "--steps", "4", "--out", "t"],
+    ["analyze", "t", "--samples", "4", "--out", "b"],
+):
+    sys.argv = ["nopelab", *args]
+    try:
+        main()
+    except SystemExit as exc:
+        assert not exc.code, (args, exc.code)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert {"a", "t", "b"} <= {p.name for p in tmp_path.iterdir()}

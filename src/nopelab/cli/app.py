@@ -18,7 +18,6 @@ app = typer.Typer(
 )
 
 
-
 def _version(value: bool) -> None:
     if value:
         from nopelab import __version__

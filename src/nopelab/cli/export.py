@@ -21,6 +21,9 @@ def export(
 ) -> None:
     """Export a trained model as an equivalent Hugging Face model (GPT-2, Llama or SmolLM3),
     checked to give the same logits; load it with AutoModelForCausalLM.from_pretrained(OUT)."""
+    from nopelab.extras import need
+
+    need("transformers", "nopelab export")
     from nopelab.hf.export import export_run, family
     from nopelab.runtime.rundir import staged_run
     from nopelab.training.run import read_run

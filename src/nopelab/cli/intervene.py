@@ -46,6 +46,7 @@ def intervene(
     """Edit one site of a trained model (norm equalisation, LEACE position erasure, and their
     controls) and measure what its behaviour and the downstream probes lose, per layer."""
     from nopelab.config import read_config_file
+    from nopelab.extras import need
     from nopelab.probing.interventions import (
         intervention_settings,
         run_interventions,
@@ -57,6 +58,9 @@ def intervene(
     for section in ("intervention", "analysis", "probe"):
         given.lay_over(data, section)
     settings = intervention_settings(run_dir, data)
+    for name in settings.intervention.interventions:
+        if name.startswith("leace"):
+            need("concept_erasure", f"--intervention {name}")
     out = out or default_out(f"intervene-{run_dir.name}")
     with staged_run(out, force, resolve.inputs(run_dir), command="intervene") as staging:
         rows = run_interventions(run_dir, settings.intervention, settings.probe, settings.analysis)

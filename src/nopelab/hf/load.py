@@ -26,6 +26,7 @@ from torch import Tensor
 
 from nopelab.config import AnalysisConfig, embedded_names
 from nopelab.errors import ConfigError, first_line
+from nopelab.extras import need
 from nopelab.hf.sites import HFModel, architecture, check_max_layers, check_sites
 from nopelab.limits import available_memory, check_statistics
 from nopelab.training.corpus import TokenStream, load_text
@@ -49,7 +50,9 @@ class ModelFiles:
 
 
 def locate(path: str) -> ModelFiles:
-    """Check that ``path`` is a model folder or a GGUF file."""
+    """Check that ``path`` is a model folder or a GGUF file, and that the packages that read it
+    are installed (the ``hf`` extra)."""
+    need("transformers", "a Hugging Face model (hf:PATH)")
     if not path:
         raise ConfigError(
             FIELD, "hf: needs a path after it: hf:PATH, a model folder or a .gguf file"
@@ -63,6 +66,8 @@ def locate(path: str) -> ModelFiles:
                 raise ConfigError(
                     FIELD, f"{path} is not a GGUF file; give a model folder or a .gguf file"
                 )
+        for module in ("gguf", "accelerate"):  # transformers reads .gguf files with them
+            need(module, "a .gguf model file")
         return ModelFiles(p.parent, p.name)
     if not (p / "config.json").is_file():
         ggufs = sorted(p.glob("*.gguf"))
@@ -151,10 +156,10 @@ def load_model(
 
     ``check(config, tokenizer)`` runs before the weights are read, for the caller's own checks.
     """
+    files = locate(path)
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    files = locate(path)
     config = read_config(files, trust_remote_code)
     architecture(config.model_type)
     check_max_layers(max_layers)  # before the weights are read

@@ -45,7 +45,6 @@ from typing import Any, Protocol
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from concept_erasure import LeaceFitter
 from torch import Tensor
 
 from nopelab import plots
@@ -59,6 +58,7 @@ from nopelab.config import (
     check_sections,
 )
 from nopelab.errors import ConfigError
+from nopelab.extras import need
 from nopelab.limits import check_interventions
 from nopelab.measure.analysis import input_batches
 from nopelab.measure.sites import SiteKey, sites_of
@@ -162,7 +162,8 @@ def fit_intervention(
         order = torch.randperm(N * T, generator=torch.Generator().manual_seed(seed))
         positions = positions[order]
     z = F.one_hot(positions, T) if concept == "onehot" else positions[:, None]
-    fitter = LeaceFitter(d, z.shape[1], dtype=torch.float64, svd_tol=SVD_TOL)
+    erasure = need("concept_erasure", "--intervention leace")
+    fitter = erasure.LeaceFitter(d, z.shape[1], dtype=torch.float64, svd_tol=SVD_TOL)
     eraser = fitter.update(x, z.double()).eraser
     return Erase(eraser.proj_left.float(), eraser.proj_right.float(), eraser.bias.float())
 

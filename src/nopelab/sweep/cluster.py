@@ -8,6 +8,7 @@ import signal
 import sys
 
 from nopelab.errors import UserError, first_line
+from nopelab.extras import need
 
 
 def start_ray(
@@ -19,8 +20,7 @@ def start_ray(
     ``(task pid=...)`` prefix when Ray is first imported here)."""
     os.environ.setdefault("RAY_DISABLE_WORKER_LOG_PREFIX", "1")  # both read when ray is imported
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every line as printed
-    import ray
-
+    ray = need("ray", "running jobs on a Ray cluster (--address) or on a GPU")
     if address is not None and ray.is_initialized() and _connected == address:
         return  # connect_ray's connection (a sweep connects before making its folder)
     on_sigterm = signal.getsignal(signal.SIGTERM)
@@ -43,6 +43,7 @@ _connected: str | None = None  # the cluster connect_ray connected this process 
 def connect_ray(address: str) -> None:
     """Connect to the Ray cluster at ``address`` (``--address``) for a sweep's tasks, or refuse
     in one line; what Ray prints while it tries (warnings of every retry) is dropped."""
+    need("ray", "--address (a Ray cluster)")
     sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)  # Ray's C++ core writes to the file descriptor, not to sys.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -101,6 +102,13 @@ def test_shuffle_norm_rescales_like_equalize_norm_but_not_by_position() -> None:
 
 
 # ------------------------------------------------------------------------ the LEACE pair
+
+
+def test_leace_without_its_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "concept_erasure", None)  # as if it were not installed
+    with pytest.raises(UserError, match=r"--intervention leace needs the 'interventions' extra"):
+        fit_intervention("leace", synthetic(16, 1), "onehot")
+    fit_intervention("equalize-norm", synthetic(16, 1))  # the norm edits need no extra
 
 
 def test_leace_leaves_a_linear_probe_at_chance_but_not_an_mlp() -> None:
