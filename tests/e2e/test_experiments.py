@@ -24,8 +24,8 @@ from nopelab.experiments import EXPERIMENTS, chi2023_pretrained
 from nopelab.experiments import train_and_measure as trained_module
 from nopelab.experiments.train_and_measure import stage_folder, train_into
 from nopelab.models.transformer import Transformer
+from nopelab.runtime.jobs import DONE
 from nopelab.runtime.rundir import write_marker
-from nopelab.sweep.runner import DONE
 from nopelab.training.run import TrainRun
 from nopelab.training.task_config import TaskConfig
 from nopelab.training.train import train

@@ -33,7 +33,7 @@ class Part:
     ``module``: the module under ``nopelab.experiments`` that runs it; ``about``: a few words
     for ``--help``; ``scale_file``: the stem of its scale file (``module`` unless given);
     ``only_scales``: a subset of that file's tables, where the part runs at fewer scales.
-    A ``resumable`` part runs its models as jobs (:func:`~nopelab.sweep.runner.run_jobs`) and
+    A ``resumable`` part runs its models as jobs (:func:`~nopelab.runtime.jobs.run_jobs`) and
     writes into ``--out`` as it goes; ``--resume`` continues it, skipping finished models.
     ``options`` names the ``reproduce`` flags the part takes beyond the common ones (``settings``
     receives each one given as a keyword); ``reuses_models``: the module's

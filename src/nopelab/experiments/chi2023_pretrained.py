@@ -43,8 +43,8 @@ from nopelab.measure.analysis import analyze_model
 from nopelab.measure.capture import CaptureResult
 from nopelab.models.transformer import build_model
 from nopelab.runtime.device import resolve_device
+from nopelab.runtime.jobs import Job, default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import markdown_table
 from nopelab.training.checkpoint import load_model
 from nopelab.training.run import TrainRun

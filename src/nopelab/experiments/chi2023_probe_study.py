@@ -38,9 +38,9 @@ from nopelab.models.transformer import build_model
 from nopelab.probing.features import collect, feature_matrix
 from nopelab.probing.probes import fit_probe, fixed_splits, position_targets, summarize
 from nopelab.runtime.device import resolve_device
+from nopelab.runtime.jobs import Job, default_workers, run_jobs
 from nopelab.runtime.progress import progress, stage
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import markdown_table, mean_std
 
 SIGMA = 0.02

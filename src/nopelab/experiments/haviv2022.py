@@ -36,8 +36,8 @@ from nopelab.experiments.summary_template import (
 from nopelab.experiments.train_and_measure import CorpusScale, lm_runs, perplexity_row, train_into
 from nopelab.probing.pipeline import probe_model
 from nopelab.runtime.device import resolve_device
+from nopelab.runtime.jobs import Job, default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training.run import TrainRun
 from nopelab.training.train import load_trained, make_source

@@ -30,8 +30,8 @@ from nopelab.experiments.summary_template import corpus_values, fill
 from nopelab.experiments.train_and_measure import lm_runs, train_into
 from nopelab.limits import check_training, parameter_count
 from nopelab.runtime.device import resolve_device
+from nopelab.runtime.jobs import Job, default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import markdown_table, mean_std
 from nopelab.training.corpus import load_text, split_text
 from nopelab.training.run import TrainRun

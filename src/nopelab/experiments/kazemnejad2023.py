@@ -45,8 +45,8 @@ from nopelab.measure import breaks
 from nopelab.measure.capture import StreamingCapture
 from nopelab.models.transformer import Transformer
 from nopelab.runtime.device import resolve_device
+from nopelab.runtime.jobs import Job, default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import markdown_table
 from nopelab.training.run import TrainRun
 from nopelab.training.task_config import TaskConfig

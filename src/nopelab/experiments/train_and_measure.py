@@ -6,7 +6,7 @@ pretrained-LM parts compare (one per positional encoding, otherwise identical);
 if it has one (continuing an interrupted run, and reading a finished one's summary instead of
 training again); :func:`analyze_trained` analyses a trained run's initial and trained weights on
 the same held-out data; :func:`train_and_analyze` is both, as one job of
-:func:`~nopelab.sweep.runner.run_jobs`, and :func:`read_trained` reads its files back.
+:func:`~nopelab.runtime.jobs.run_jobs`, and :func:`read_trained` reads its files back.
 """
 
 from __future__ import annotations

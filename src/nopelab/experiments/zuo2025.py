@@ -26,8 +26,8 @@ from nopelab.measure.analysis import analyze_model
 from nopelab.measure.run_files import read_analysis, write_analysis
 from nopelab.models.transformer import build_model
 from nopelab.runtime.device import resolve_device
+from nopelab.runtime.jobs import Job, default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
 
 SCALES = cast(dict[str, RandomInitScale], read_scales("zuo2025", RandomInitScale))

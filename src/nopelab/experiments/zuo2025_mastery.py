@@ -23,8 +23,8 @@ import pandas as pd
 from nopelab.experiments import zuo2025_trained as trained
 from nopelab.experiments.summary_template import fill
 from nopelab.experiments.train_and_measure import stage_folder, train_into
+from nopelab.runtime.jobs import Job, run_jobs
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.runner import Job, run_jobs
 from nopelab.tables import markdown_table
 from nopelab.training.run import TrainRun
 

@@ -35,8 +35,8 @@ from nopelab.models.transformer import Transformer, build_model
 from nopelab.probing import signals
 from nopelab.probing.pipeline import probe_model, vocab_halves
 from nopelab.runtime.device import resolve_device
+from nopelab.runtime.jobs import Job, is_done, run_jobs
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.runner import Job, is_done, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training import tasks
 from nopelab.training.run import TrainRun, read_run

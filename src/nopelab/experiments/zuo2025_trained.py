@@ -37,8 +37,8 @@ from nopelab.experiments.scale_files import read_scales
 from nopelab.experiments.summary_template import fill, shape_values
 from nopelab.experiments.train_and_measure import read_trained, stage_folder, train_and_analyze
 from nopelab.runtime.device import resolve_device
+from nopelab.runtime.jobs import Job, default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
-from nopelab.sweep.runner import Job, default_workers, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training.run import TrainRun
 from nopelab.training.task_config import Layout, LossMode, TaskConfig

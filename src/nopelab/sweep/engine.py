@@ -1,7 +1,7 @@
 """Run a grid's cells through the job runner: side by side, resumable, one results table.
 
 The sweep folder holds ``grid.json`` (the grid it was started with), ``cells/KEY/`` (each cell's
-files, written all-or-nothing, and :data:`~nopelab.sweep.runner.DONE` once the cell finished),
+files, written all-or-nothing, and :data:`~nopelab.runtime.jobs.DONE` once the cell finished),
 ``results/KEY.parquet`` (each finished cell's rows: together a parquet dataset,
 ``pandas.read_parquet(FOLDER / "results")``) and ``failed/KEY.txt`` (the one-line error of a
 cell that failed). A re-run skips finished cells and runs the others again. What a stopped
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from nopelab.errors import UserError
+from nopelab.runtime.cluster import connect_ray
+from nopelab.runtime.jobs import Job, Share, run_jobs
 from nopelab.runtime.rundir import (
     check_path,
     locked,
@@ -29,9 +31,7 @@ from nopelab.runtime.rundir import (
     staged_run,
     write_json,
 )
-from nopelab.sweep.cluster import connect_ray
 from nopelab.sweep.grid import Cell, Grid
-from nopelab.sweep.runner import Job, Share, run_jobs
 
 GRID_FILE = "grid.json"
 WORKERS_EXIT = 10.0  # seconds a stopped sweep waits for its cells' workers to exit

@@ -62,7 +62,7 @@ def connect_ray(address: str) -> None:
 
 
 def start_worker(threads: int, quiet: bool) -> None:
-    """Set up a worker process of :func:`~nopelab.sweep.runner.run_jobs`'s pool: ``threads``
+    """Set up a worker process of :func:`~nopelab.runtime.jobs.run_jobs`'s pool: ``threads``
     threads, its output dropped when ``quiet``, Ctrl-C left to the process that started it
     (which stops the workers), and no life beyond that process's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from nopelab.errors import RunFailed, UserError, first_line, interrupted
+from nopelab.runtime.cluster import start_ray, start_worker, worker_threads
 from nopelab.runtime.progress import progress_bar, say
 from nopelab.runtime.rundir import replace_atomically
-from nopelab.sweep.cluster import start_ray, start_worker, worker_threads
 
 DONE = "done.json"  # in ROOT/KEY when the job has finished
 STOP_WAIT = 10.0  # seconds stopped workers get to clean up (locks, temporary files) and exit

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nopelab.errors import RunFailed, UserError
-from nopelab.sweep.runner import DONE, Job, is_done, run_jobs
+from nopelab.runtime.jobs import DONE, Job, is_done, run_jobs
 
 
 def test_finished_jobs_are_skipped_and_a_failed_one_runs_again(tmp_path: Path) -> None:
