@@ -82,7 +82,7 @@ def load(
         )
         return Study(record, hf_model, text_source)
     if target is not None:
-        from nopelab.training.train import load_trained, make_source
+        from nopelab.training.trained import load_trained, make_source
 
         run, trained = load_trained(Path(target))
         config = RunConfig.from_dict({"model": dataclasses.asdict(run.model), "analysis": analysis})

@@ -39,7 +39,7 @@ def test_trained_head_scales_reload_as_a_run(
     from nopelab.api import load
     from nopelab.training.headscale import HeadScaleTraining, rescaled, train_head_scales
     from nopelab.training.sources import TextSource
-    from nopelab.training.train import load_trained, make_source
+    from nopelab.training.trained import load_trained, make_source
 
     out = tmp_path / "scaled"
     args = [str(text_run), "--length", "2", "--steps", "5", "--lr", "0.1", "--init-scale", "1.3"]
@@ -127,7 +127,7 @@ def test_a_uniform_scale_is_a_rescaled_copy(
     text_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from nopelab.training.headscale import rescaled
-    from nopelab.training.train import load_trained
+    from nopelab.training.trained import load_trained
 
     out = tmp_path / "uniform"
     headscale([str(text_run), "--uniform", "1.5", "--out", str(out)], monkeypatch)

@@ -83,7 +83,7 @@ def headscale(
         uniform_run,
     )
     from nopelab.training.sources import TextSource
-    from nopelab.training.train import load_trained, make_source
+    from nopelab.training.trained import load_trained, make_source
 
     training = (length, steps, lr, init_scale, batch_size, seed)
     _check_flags(uniform, *training)

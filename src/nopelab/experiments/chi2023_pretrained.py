@@ -48,7 +48,7 @@ from nopelab.runtime.rundir import write_json
 from nopelab.tables import markdown_table
 from nopelab.training.checkpoint import load_model
 from nopelab.training.run import TrainRun
-from nopelab.training.train import make_source
+from nopelab.training.trained import make_source
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "rope")
 LABELS = labels_of(POS_ENCODINGS)

@@ -40,7 +40,7 @@ from nopelab.runtime.jobs import Job, default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
 from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training.run import TrainRun
-from nopelab.training.train import load_trained, make_source
+from nopelab.training.trained import load_trained, make_source
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "alibi")
 LABELS = labels_of(POS_ENCODINGS)

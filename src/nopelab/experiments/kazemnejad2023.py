@@ -193,7 +193,7 @@ def length_test(
 def train_and_test(run: TrainRun, longest: int, per_length: int, folder: Path) -> None:
     """Train ``run`` into ``folder``, then write its exact match and position mechanisms at
     every operand length 1..``longest`` (``lengths.json``, ``mechanisms.json``; a job)."""
-    from nopelab.training.train import load_trained
+    from nopelab.training.trained import load_trained
 
     train_into(run, folder)
     device = resolve_device(run.train.device)

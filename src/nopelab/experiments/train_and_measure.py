@@ -32,7 +32,8 @@ from nopelab.measure.run_files import WrittenAnalysis, read_analysis, write_anal
 from nopelab.models.transformer import build_model
 from nopelab.training.checkpoint import KEPT_FOLDER, STATE_FILE
 from nopelab.training.run import TrainRun, read_run
-from nopelab.training.train import load_trained, make_source, train
+from nopelab.training.train import train
+from nopelab.training.trained import load_trained, make_source
 
 PERPLEXITY_LENGTHS = ("perplexity", "perplexity_2x", "perplexity_4x")
 

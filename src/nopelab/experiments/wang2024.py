@@ -76,7 +76,8 @@ from nopelab.training.headscale import (
 )
 from nopelab.training.run import TrainRun
 from nopelab.training.sources import TextSource
-from nopelab.training.train import autocast_for, load_trained, make_source
+from nopelab.training.train import autocast_for
+from nopelab.training.trained import load_trained, make_source
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "rope")
 LABELS = labels_of(POS_ENCODINGS)

@@ -41,7 +41,7 @@ from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training import tasks
 from nopelab.training.run import TrainRun, read_run
 from nopelab.training.task_kinds import DIGITS
-from nopelab.training.train import load_trained
+from nopelab.training.trained import load_trained
 
 FEATURES = ("raw", "norm", "variance", "cos_last", "cos_row", "norm+cos_last")
 TARGETS: tuple[Target, ...] = ("position", "distance")

@@ -304,7 +304,7 @@ def export_run(run_dir: Path, out: Path, seed: int = 0, shown_as: Path | None = 
     ``shown_as``: the folder the README tells users to load (default ``out``; differs when
     ``out`` is a staging folder). Returns the architecture: ``gpt2``, ``llama`` or ``smollm3``.
     """
-    from nopelab.training.train import load_trained
+    from nopelab.training.trained import load_trained
 
     run, model = load_trained(run_dir)
     hf = export(model, out, seed)

@@ -19,7 +19,7 @@ from nopelab.measure.length import LengthPlan, plan_lengths
 from nopelab.training.corpus import TokenStream
 from nopelab.training.run import read_run
 from nopelab.training.sources import TextSource
-from nopelab.training.train import load_trained, make_source
+from nopelab.training.trained import load_trained, make_source
 
 
 @dataclass(frozen=True)

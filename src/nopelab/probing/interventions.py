@@ -72,7 +72,7 @@ from nopelab.runtime.rundir import environment, write_json
 from nopelab.tables import markdown_table
 from nopelab.training.run import read_run
 from nopelab.training.sources import Source, TaskSource, TextSource
-from nopelab.training.train import load_trained, make_source
+from nopelab.training.trained import load_trained, make_source
 
 # LEACE keeps directions whose whitened cross-covariance singular value exceeds this; the
 # library's default (0.01) would drop most of the noise directions the shuffled control is

@@ -18,7 +18,8 @@ from nopelab.errors import ConfigError
 from nopelab.hf.export import export
 from nopelab.models.transformer import Transformer
 from nopelab.training.run import TrainRun
-from nopelab.training.train import load_trained, train
+from nopelab.training.train import train
+from nopelab.training.trained import load_trained
 
 ATOL = 1e-5
 VOCAB, T = 48, 16

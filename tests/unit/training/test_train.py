@@ -37,7 +37,8 @@ from nopelab.training.checkpoint import (
 )
 from nopelab.training.run import TrainRun, read_run
 from nopelab.training.task_config import TaskConfig
-from nopelab.training.train import autocast_for, learning_rate, load_trained, make_optimizer, train
+from nopelab.training.train import autocast_for, learning_rate, make_optimizer, train
+from nopelab.training.trained import load_trained
 
 TINY_MODEL = ModelConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=64)
 COPY = TaskConfig(name="copy", max_len=5, train_size=2000, test_size=100)
