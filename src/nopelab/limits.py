@@ -4,7 +4,9 @@ the fitting of interventions or a BPE tokenizer would need, against what the mac
 The estimates count the large terms (weights, optimiser state, the activations of one batch, the
 T x T statistics of every site), with constants measured as peak resident memory on our CPU
 (``/usr/bin/time -f %M``): they refuse what cannot fit in one line, before an allocator fails
-half-way through a run, and are not meant to be exact.
+half-way through a run, and are not meant to be exact. The block sizes of the streaming
+statistics (how much of a T x T matrix :mod:`nopelab.measure` holds at once) live here too, so
+that the estimates and the measurement use the same ones.
 """
 
 from __future__ import annotations
@@ -84,12 +86,36 @@ def check_analysis(cfg: ModelConfig, analysis: AnalysisConfig, statistics: bool 
     )
 
 
+# ---------------------------------------------------------------- the statistics' block sizes
+# how much of a T x T matrix the streaming statistics (nopelab.measure) hold at once
+
+CHUNK_ELEMENTS = 2**22  # logits (batch x heads x query rows x keys) in one chunk: 16 MB of float32
+BLOCK_ELEMENTS = 2**22  # similarities per sample in one row block (16 MB of float32)
+MAX_MATRIX = 1024  # the kept mean cosine matrix has at most this many rows
+
+
+def chunk_rows(batch_size: int, n_heads: int, seq_len: int) -> int:
+    """Query rows per chunk: as many as keep a chunk of logits within :data:`CHUNK_ELEMENTS`
+    (counting all ``seq_len`` keys), at least one."""
+    return max(1, CHUNK_ELEMENTS // (batch_size * n_heads * seq_len))
+
+
+def row_block(T: int, min_block: int = 64, align: int = 1) -> int:
+    """Rows per block of :func:`cosine_row_blocks`: an eighth of T, at least ``min_block``, at
+    most :data:`BLOCK_ELEMENTS` / T, rounded up to a multiple of ``align``."""
+    block = max(min_block, min(-(-T // 8), BLOCK_ELEMENTS // T))
+    return -(-block // align) * align
+
+
+def matrix_block(seq_len: int, max_matrix: int = MAX_MATRIX) -> int:
+    """Positions per side of the squares the kept cosine matrix averages over (1: all of it)."""
+    return -(-seq_len // max_matrix)
+
+
 def attention_bytes(n_heads: int, batch_size: int, seq_len: int) -> int:
     """The working memory of the attention statistics (the site ``attention``): one chunk of every
-    head's logits, :func:`~nopelab.measure.attention.chunk_rows` query rows against all keys
+    head's logits, :func:`chunk_rows` query rows against all keys
     (an ALiBi bias is the T x T term of :func:`forward_bytes`)."""
-    from nopelab.measure.attention import chunk_rows
-
     rows = min(seq_len, chunk_rows(batch_size, n_heads, seq_len))
     return ATTENTION_CHUNK * batch_size * n_heads * rows * seq_len
 
@@ -98,9 +124,6 @@ def statistics_bytes(analysis: AnalysisConfig, n_layers: int) -> int:
     """The statistics' state of every site and layer (the kept cosine matrix, at most
     ``MAX_MATRIX`` on a side, and a few vectors of T), one batch's row block of similarities
     with its pair counting, and the reduction of the kept matrices into a report."""
-    from nopelab.measure.metrics import row_block
-    from nopelab.measure.stats import matrix_block
-
     T = analysis.seq_len
     side = -(-T // matrix_block(T))
     site_layers = sum(1 if site == "embed" else n_layers for site in analysis.vector_sites)

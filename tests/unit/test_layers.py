@@ -30,7 +30,6 @@ RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
 # imports that still point upwards, to be removed (a new one fails the test; a removed one too,
 # so that this list only shrinks)
 KNOWN = {
-    ("limits", "measure"),  # the memory estimates use measure's block sizes
     ("measure", "hf"),  # measure special-cases Hugging Face models (sites, attention, lengths)
 }
 

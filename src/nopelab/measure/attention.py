@@ -17,15 +17,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from nopelab.limits import chunk_rows
 from nopelab.models.transformer import Attention
-
-CHUNK_ELEMENTS = 2**22  # logits (batch x heads x query rows x keys) in one chunk: 16 MB of float32
-
-
-def chunk_rows(batch_size: int, n_heads: int, seq_len: int) -> int:
-    """Query rows per chunk: as many as keep a chunk of logits within :data:`CHUNK_ELEMENTS`
-    (counting all ``seq_len`` keys), at least one."""
-    return max(1, CHUNK_ELEMENTS // (batch_size * n_heads * seq_len))
 
 
 @dataclass(frozen=True)

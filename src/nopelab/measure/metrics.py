@@ -30,10 +30,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nopelab.limits import row_block
 from nopelab.measure.pair_count import pair_counts, weighted_pair_counts
 
 EPS = 1e-12
-BLOCK_ELEMENTS = 2**22  # similarities per sample in one row block (16 MB of float32)
 
 
 def position_variance(h: Tensor) -> Tensor:
@@ -65,7 +65,8 @@ def cosine_row_blocks(
     Yields ``(start, block)`` with ``block = S[:, start:stop, :stop]``, shape (B, stop - start,
     stop): cosine similarity is symmetric, so a row block needs only the columns up to its end,
     about (k + 1) / 2k of the full product for k blocks (here 8, of at least ``min_block`` rows,
-    fewer rows where a block would exceed :data:`BLOCK_ELEMENTS` per sample: long contexts).
+    fewer rows where a block would exceed :data:`nopelab.limits.BLOCK_ELEMENTS` per sample:
+    long contexts).
     Each block is a fresh contiguous tensor: nothing of size T x T is allocated or copied.
     ``norms`` (B, T), if given, are ``h``'s norms, already computed; every block but the last
     has a multiple of ``align`` rows.
@@ -76,13 +77,6 @@ def cosine_row_blocks(
     for start in range(0, T, block):
         stop = min(start + block, T)
         yield start, unit[..., start:stop, :] @ unit[..., :stop, :].transpose(-2, -1)
-
-
-def row_block(T: int, min_block: int = 64, align: int = 1) -> int:
-    """Rows per block of :func:`cosine_row_blocks`: an eighth of T, at least ``min_block``, at
-    most :data:`BLOCK_ELEMENTS` / T, rounded up to a multiple of ``align``."""
-    block = max(min_block, min(-(-T // 8), BLOCK_ELEMENTS // T))
-    return -(-block // align) * align
 
 
 def symmetric_from_lower(lower: Tensor) -> Tensor:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nopelab.limits import MAX_MATRIX, matrix_block
 from nopelab.measure.metrics import (
     AdjacencyCounts,
     adjacency_counts,
@@ -30,13 +31,6 @@ from nopelab.measure.metrics import (
     symmetric_from_lower,
     to_numpy,
 )
-
-MAX_MATRIX = 1024  # the kept mean cosine matrix has at most this many rows
-
-
-def matrix_block(seq_len: int, max_matrix: int = MAX_MATRIX) -> int:
-    """Positions per side of the squares the kept cosine matrix averages over (1: all of it)."""
-    return -(-seq_len // max_matrix)
 
 
 class RunningMoments:

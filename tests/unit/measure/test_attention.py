@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 import nopelab.measure.attention as attention
+from nopelab import limits
 from nopelab.config import AnalysisConfig, ModelConfig
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.capture import StreamingCapture
@@ -75,7 +76,7 @@ def test_chunked_statistics_equal_the_whole_logits(
         for block in model.blocks:
             assert block.attn.head_scale is not None
             block.attn.head_scale.data = torch.tensor([1.7, 0.5, 2.5, 1.1])
-    monkeypatch.setattr(attention, "CHUNK_ELEMENTS", B * H * T * chunk_rows)
+    monkeypatch.setattr(limits, "CHUNK_ELEMENTS", B * H * T * chunk_rows)
     assert attention.chunk_rows(B, H, T) == chunk_rows
     qk: dict[int, list[tuple[Tensor, Tensor]]] = {1: [], 2: []}
     for layer, block in enumerate(model.blocks, start=1):
