@@ -74,11 +74,11 @@ class Part:
 
     @property
     def settings(self) -> Callable[..., Any]:
-        return self.code().settings  # type: ignore[no-any-return]
+        return self.code().settings
 
     @property
     def run(self) -> Callable[[Any, Path], None]:
-        return self.code().run  # type: ignore[no-any-return]
+        return self.code().run
 
     @property
     def reuse_models(self) -> Callable[[Any, Path], Any] | None:

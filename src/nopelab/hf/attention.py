@@ -67,8 +67,8 @@ def _original(module: nn.Module, implementation: str) -> Callable[..., Any]:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     if implementation == "eager":
-        return sys.modules[type(module).__module__].eager_attention_forward  # type: ignore[no-any-return]
-    return ALL_ATTENTION_FUNCTIONS[implementation]  # type: ignore[no-any-return]
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[implementation]
 
 
 class Recording:

@@ -153,6 +153,7 @@ def _identity_rotation(module, args, kwargs):
     rotation = kwargs.get("position_embeddings")
     if rotation is None:
         raise RuntimeError(f"{type(module).__name__} was not given position_embeddings")
+    identity: tuple[torch.Tensor, torch.Tensor] | torch.Tensor
     if isinstance(rotation, tuple):  # (cos, sin)
         cos, sin = rotation
         identity = (torch.ones_like(cos), torch.zeros_like(sin))

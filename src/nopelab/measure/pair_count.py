@@ -223,7 +223,7 @@ def _network_sort(v, lengths, run, out):  # pragma: no cover - compiled
     block = 2
     while block <= run:
         half = block // 2
-        _retag(v, longest, block)
+        _retag(v, longest, block)  # type: ignore[call-arg]  # numba supplies typingctx
         for start in range(0, longest, block):
             if start + half >= longest:  # right half all padding: already sorted
                 break
@@ -273,7 +273,7 @@ def _count_group(v, lengths, run, increasing, ties):  # pragma: no cover - compi
     _network_sort(v, lengths, run, increasing)
     longest = lengths.max()
     if run >= longest:
-        _tally_ties(v, longest, lengths, ties)
+        _tally_ties(v, longest, lengths, ties)  # type: ignore[call-arg]  # numba supplies typingctx
         return
     for lane in range(LANES):  # runs of ``run`` are sorted: merge the rest, row by row
         keys, across = _merge_sort(v[: lengths[lane], lane] >> 1, run)
