@@ -27,11 +27,6 @@ LAYERS = [  # lowest first
     {"__main__", "nopelab"},
 ]
 RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
-# imports that still point upwards, to be removed (a new one fails the test; a removed one too,
-# so that this list only shrinks)
-KNOWN = {
-    ("measure", "hf"),  # measure special-cases Hugging Face models (sites, attention, lengths)
-}
 
 
 def _part(module: str, name: str | None = None) -> str:
@@ -86,4 +81,4 @@ def test_every_part_of_the_package_has_a_layer() -> None:
 
 
 def test_no_module_imports_from_a_higher_layer() -> None:
-    assert upward_imports() == KNOWN
+    assert upward_imports() == set()

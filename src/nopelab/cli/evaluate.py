@@ -84,8 +84,9 @@ def evaluate(
 ) -> None:
     """Held-out loss by position and perplexity at multiples of the length a language model was
     trained on: a training run on text, or hf:PATH for a Hugging Face model."""
+    from nopelab.hf.evaluate import hf_target
     from nopelab.measure.length import chosen_windows, position_loss, result_tables, write_result
-    from nopelab.measure.length_target import hf_target, native_target
+    from nopelab.measure.length_target import native_target
     from nopelab.runtime.device import resolve_device
     from nopelab.runtime.progress import stage
     from nopelab.runtime.rundir import check_out, default_out, staged_run

@@ -41,6 +41,9 @@ from nopelab.measure.sites import (
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from nopelab.hf.attention import Recording
+    from nopelab.measure.attention import AttentionStats
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -273,6 +276,21 @@ class HFModel(nn.Module):
     def attention_modules(self) -> list[nn.Module]:
         """The self-attention module of every analysed layer."""
         return [attrgetter(self.arch.attn)(block) for block in self.layers[: self.cfg.n_layers]]
+
+    def attention_layout(self) -> tuple[int, list[bool]]:
+        """The query heads per layer and whether each analysed layer is causal; a ConfigError
+        unless its attention implementation is one nopelab can read."""
+        from nopelab.hf.attention import attention_heads, causal_layers, check_recordable
+
+        check_recordable(self)
+        return attention_heads(self), causal_layers(self)
+
+    def record_attention(self, stats: dict[int, AttentionStats]) -> Recording:
+        """Fold every forward pass's attention logits into ``stats`` (see
+        :func:`nopelab.hf.attention.record_attention`)."""
+        from nopelab.hf.attention import record_attention
+
+        return record_attention(self, stats)
 
 
 def _raise_stop(module, args, output) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import torch
 
@@ -23,8 +23,21 @@ from nopelab.measure.stats import SiteResult, SiteStats
 from nopelab.models.transformer import Block, Transformer
 
 if TYPE_CHECKING:
-    from nopelab.hf.attention import Recording
     from nopelab.hf.sites import HFModel
+
+
+@runtime_checkable
+class RecordsAttention(Protocol):
+    """A model whose attention pattern is read through its own hooks (a Hugging Face model:
+    :class:`nopelab.hf.sites.HFModel`), not through a native block's queries and keys."""
+
+    def attention_layout(self) -> tuple[int, list[bool]]:
+        """Query heads per layer, and whether each analysed layer is causal."""
+        ...
+
+    def record_attention(self, stats: dict[int, AttentionStats]) -> Any:
+        """Fold the attention of layer ``l`` into ``stats[l]`` until ``remove()`` is called."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -63,7 +76,7 @@ class StreamingCapture:
         self.attention: dict[int, AttentionStats] = {}
         if ATTENTION in sites:
             self.attention = _attention_stats(model, seq_len, device)
-        self._handles: list[torch.utils.hooks.RemovableHandle | Recording] = []
+        self._handles: list[Any] = []  # hook handles and recordings: each has remove()
 
     def __enter__(self) -> StreamingCapture:
         try:
@@ -74,10 +87,8 @@ class StreamingCapture:
                 for layer, stats in self.attention.items():
                     self._handles += stats.attach(cast(Block, self.model.blocks[layer - 1]).attn)
             elif self.attention:
-                from nopelab.hf.attention import record_attention
-
-                model = cast("HFModel", self.model)
-                self._handles.append(record_attention(model, self.attention))
+                model = cast(RecordsAttention, self.model)
+                self._handles.append(model.record_attention(self.attention))
         except BaseException:
             self.__exit__()  # no hook outlives a capture that did not start
             raise
@@ -114,20 +125,15 @@ def _attention_stats(
     model: Transformer | HFModel | Sites, seq_len: int, device: torch.device | str
 ) -> dict[int, AttentionStats]:
     """An :class:`AttentionStats` for every layer of a native or Hugging Face model."""
-    from nopelab.hf.sites import HFModel
-
     if isinstance(model, Transformer):
         heads, causal = model.cfg.n_heads, [not model.cfg.bidirectional] * model.cfg.n_layers
-    elif isinstance(model, HFModel):
-        from nopelab.hf.attention import attention_heads, causal_layers, check_recordable
-
-        check_recordable(model)
-        heads, causal = attention_heads(model), causal_layers(model)
+    elif isinstance(model, RecordsAttention):
+        heads, causal = model.attention_layout()
     else:
         raise ConfigError(
             "sites", "attention is read from native nopelab or Hugging Face models only"
         )
     return {
         layer: AttentionStats(seq_len, n_heads=heads, causal=causal[layer - 1], device=device)
-        for layer in range(1, model.cfg.n_layers + 1)
+        for layer in range(1, len(causal) + 1)  # one per analysed layer
     }
