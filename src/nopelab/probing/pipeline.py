@@ -31,6 +31,8 @@ from nopelab.runtime.device import resolve_device
 from nopelab.runtime.progress import progress as show_progress
 
 if TYPE_CHECKING:
+    from nopelab.hf.load import TextWindows
+    from nopelab.hf.sites import HFModel
     from nopelab.training.sources import Source
 
 
@@ -45,7 +47,7 @@ def check_probe_sites(sites: tuple[str, ...]) -> None:
 
 
 def probe_keys(
-    model: Transformer, sites: tuple[str, ...], layers: tuple[int, ...]
+    model: Transformer | HFModel, sites: tuple[str, ...], layers: tuple[int, ...]
 ) -> list[SiteKey]:
     """The (site, layer) pairs to probe: ``embed`` is layer 0, block sites are 1..L; an empty
     ``layers`` means all. A requested layer that none of the sites has is an error."""
@@ -82,11 +84,11 @@ def _vocab_batches(
 
 
 def collect_for_probes(
-    model: Transformer,
+    model: Transformer | HFModel,
     keys: list[SiteKey],
     analysis: AnalysisConfig,
     probe: ProbeConfig,
-    source: Source | None = None,
+    source: Source | TextWindows | None = None,
     description: str = "probe",
     progress: bool = True,
 ) -> tuple[Activations, list[Split]]:
@@ -129,10 +131,10 @@ def _chain(*iterators: Iterator) -> Iterator:
 
 
 def probe_model(
-    model: Transformer,
+    model: Transformer | HFModel,
     analysis: AnalysisConfig,
     probe: ProbeConfig,
-    source: Source | None = None,
+    source: Source | TextWindows | None = None,
     description: str = "probe",
     progress: bool = True,
     labels: dict[str, Any] | None = None,
