@@ -129,12 +129,6 @@ def task_config(task: str, max_len: int, train_size: int, test_size: int) -> Tas
     )
 
 
-def task_of(run: TrainRun) -> TaskConfig:
-    """The task ``run`` trains on: every run of this part has one."""
-    assert run.task is not None
-    return run.task
-
-
 def longest_line(task_cfg: TaskConfig, max_len: int) -> int:
     """The longest line of the task up to operand length ``max_len``."""
     return max_line_len(dataclasses.replace(task_cfg, test_max_len=max_len))
@@ -212,7 +206,7 @@ def instances_by_length(
 ) -> dict[int, tuple[list[Example], int]]:
     """Per operand length 1..``longest``: :func:`length_test`'s instances for ``run``'s task and
     seed, and how many of them are training prompts."""
-    task_cfg = task_of(run)
+    task_cfg = run.task_config
     trained = {e.prompt for e in make_splits(task_cfg, run.train.seed)[0]}
     return {
         length: length_test(task_cfg, length, per_length, run.train.seed, trained)
@@ -478,7 +472,7 @@ def summary_text(
                 "trained lengths": f"1..{m.max_len}",
                 "tested lengths": f"1..{STRETCH * m.max_len}",
                 "steps": m.run.train.steps,
-                "training lines": task_of(m.run).train_size,
+                "training lines": m.run.task_config.train_size,
             }
             for task, m in tasks.items()
         ]

@@ -159,12 +159,6 @@ def settings(scale_name: str, seed: int, device: str) -> Settings:
     return Settings(scale, runs, stages, analyses, workers)
 
 
-def task_of(run: TrainRun) -> TaskConfig:
-    """The task ``run`` trains on: every run of this part has one."""
-    assert run.task is not None
-    return run.task
-
-
 def cost(settings: Settings, key: tuple[str, str]) -> int:
     """A model's training work in characters (steps x line length over its stages)."""
     runs = (*settings.stages[key], settings.runs[key])
@@ -202,14 +196,14 @@ def run(settings: Settings, out: Path) -> None:
         accuracy.append(
             {
                 "task": task,
-                "max_len": task_of(train_run).max_len,
+                "max_len": train_run.task_config.max_len,
                 "pos_encoding": pe,
                 "accuracy": summary["final_eval"]["accuracy"],
                 "steps": train_run.train.steps,
                 "steps_trained": trained_steps,
                 "steps_to_target": trained_steps if summary.get("steps_to_target") else None,
                 "curriculum": "; ".join(
-                    f"max_len {task_of(stage).max_len}, {done['steps']} steps: "
+                    f"max_len {stage.task_config.max_len}, {done['steps']} steps: "
                     f"{done['final_eval']['accuracy']:.3f}"
                     for stage, done in stages
                 ),
@@ -252,7 +246,7 @@ def summary_text(settings: Settings, accuracy: pd.DataFrame, scores: pd.DataFram
     """``summary.md``: accuracy per task and encoding (with the optional blocks: steps to mastery,
     the curriculum's stages), and the adjacency score per layer at both attention sites."""
     first = next(iter(settings.runs.values()))
-    m, t, task_cfg = first.model, first.train, task_of(first)
+    m, t, task_cfg = first.model, first.train, first.task_config
     acc = accuracy.pivot(index="task", columns="pos_encoding", values="accuracy")
     acc = acc.reindex(index=list(TASKS), columns=list(POS_ENCODINGS))
     acc.insert(0, "max_len", [settings.scale.lengths[task] for task in TASKS])

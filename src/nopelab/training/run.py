@@ -51,6 +51,13 @@ class TrainRun:
                 f"{self.train.batch_size} does not split evenly over {world_size()} processes",
             )
 
+    @property
+    def task_config(self) -> TaskConfig:
+        """The task this run trains on (for parts that train only on tasks; a run on text has
+        none)."""
+        assert self.task is not None, "a run on text has no task"
+        return self.task
+
     def to_dict(self) -> dict[str, Any]:
         data = {"model": dataclasses.asdict(self.model), "train": dataclasses.asdict(self.train)}
         if self.task is not None:
