@@ -55,6 +55,11 @@ class Derived(functions.Functions):
     def _func_ratio(self, value: float, base: float) -> float:
         return value / base
 
+    @functions.signature({"types": ["number"]})
+    def _func_exp(self, value: float) -> float:
+        """e to the ``value``: a perplexity from a loss in nats."""
+        return math.exp(value)
+
     @functions.signature({"types": ["array-number"]})
     def _func_std(self, values: list[float]) -> float:
         """The sample standard deviation (ddof = 1), as every page reports it."""
