@@ -55,6 +55,11 @@ class Derived(functions.Functions):
     def _func_ratio(self, value: float, base: float) -> float:
         return value / base
 
+    @functions.signature({"types": ["number"]}, {"types": ["number"]})
+    def _func_minus(self, value: float, base: float) -> float:
+        """``value`` - ``base`` (JMESPath has no arithmetic)."""
+        return value - base
+
     @functions.signature({"types": ["number"]})
     def _func_exp(self, value: float) -> float:
         """e to the ``value``: a perplexity from a loss in nats."""
