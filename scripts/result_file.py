@@ -23,14 +23,9 @@ RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 
 def sweep_summary(folder: Path) -> dict[str, object]:
     """A sweep's results table as JSON rows, in the order of the cells' keys."""
-    import pandas as pd
+    from nopelab.sweep.engine import read_results
 
-    # file by file: reading the folder as one dataset keeps only the first file's columns
-    # (a BPE cell's loss_per_byte would be lost beside byte cells)
-    files = sorted((folder / "results").glob("*.parquet"))
-    rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-    rows = rows.sort_values("cell", kind="stable")
-    return {"results": json.loads(rows.to_json(orient="records"))}
+    return {"results": json.loads(read_results(folder).to_json(orient="records"))}
 
 
 def main() -> int:

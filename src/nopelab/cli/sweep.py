@@ -45,7 +45,7 @@ def sweep(
     ] = None,
 ) -> None:
     """Run every cell of a grid, side by side; finished cells are skipped on a re-run, their rows
-    gathered in OUT/results (pandas.read_parquet reads it)."""
+    gathered in OUT/results (nopelab.sweep.engine.read_results reads it as one table)."""
     from nopelab.runtime import provenance
     from nopelab.runtime.rundir import replace_atomically, write_json
     from nopelab.sweep.engine import run_sweep

@@ -2,8 +2,8 @@
 
 The sweep folder holds ``grid.json`` (the grid it was started with), ``cells/KEY/`` (each cell's
 files, written all-or-nothing, and :data:`~nopelab.runtime.jobs.DONE` once the cell finished),
-``results/KEY.parquet`` (each finished cell's rows: together a parquet dataset,
-``pandas.read_parquet(FOLDER / "results")``) and ``failed/KEY.txt`` (the one-line error of a
+``results/KEY.parquet`` (each finished cell's rows; :func:`read_results` reads them as one
+table) and ``failed/KEY.txt`` (the one-line error of a
 cell that failed). A re-run skips finished cells and runs the others again. What a stopped
 cell leaves (its hidden staging folder and lock file in ``cells/``, a half-written results file
 in ``results/``) is removed once its worker has exited: when the sweep stops, and when it starts
@@ -39,6 +39,20 @@ LEFT_BEHIND = {  # what a stopped cell leaves, by folder: its key, then the rest
     "cells": re.compile(r"\.([0-9a-f]{16})\.(?:lock|staging-[a-z0-9_]{8})"),
     "results": re.compile(r"\.([0-9a-f]{16})\.parquet\.[a-z0-9_]{8}\.tmp"),  # replace_atomically's
 }
+
+
+def read_results(out: Path) -> Any:
+    """Every finished cell's rows of the sweep in ``out``, in one table ordered by cell key, with
+    the union of the cells' columns (a BPE cell's ``loss_per_byte`` beside byte cells: pandas
+    reading ``results/`` as one dataset would keep only the first file's columns): a pandas
+    ``DataFrame``."""
+    import pandas as pd
+
+    files = sorted((out / "results").glob("*.parquet"))
+    if not files:
+        return pd.DataFrame()
+    rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    return rows.sort_values("cell", kind="stable", ignore_index=True)
 
 
 def run_cell_job(cell: Cell, folder: Path) -> None:

@@ -275,6 +275,22 @@ def test_seed_runs_every_cell_at_that_seed_instead_of_the_grids(tmp_path: Path) 
     assert not (tmp_path / "o2").exists()
 
 
+def test_read_results_keeps_every_cells_columns(tmp_path: Path) -> None:
+    """Cells that report different columns (a BPE cell's loss_per_byte beside a byte cell's):
+    one table with the union, where pandas reading the folder keeps the first file's only."""
+    from nopelab.sweep.engine import read_results
+
+    (tmp_path / "results").mkdir()
+    pd.DataFrame({"cell": ["b"], "loss": [2.0], "loss_per_byte": [0.7]}).to_parquet(
+        tmp_path / "results" / "b.parquet"
+    )
+    pd.DataFrame({"cell": ["a"], "loss": [1.5]}).to_parquet(tmp_path / "results" / "a.parquet")
+    rows = read_results(tmp_path)
+    assert list(rows["cell"]) == ["a", "b"] and rows["loss_per_byte"].iloc[1] == 0.7
+    assert "loss_per_byte" not in pd.read_parquet(tmp_path / "results")  # what it avoids
+    assert read_results(tmp_path / "nothing").empty
+
+
 def _result_file_script() -> Any:
     path = Path(__file__).resolve().parents[3] / "scripts" / "result_file.py"
     spec = importlib.util.spec_from_file_location("result_file", path)
