@@ -101,7 +101,7 @@ def chunk_rows(batch_size: int, n_heads: int, seq_len: int) -> int:
 
 
 def row_block(T: int, min_block: int = 64, align: int = 1) -> int:
-    """Rows per block of :func:`cosine_row_blocks`: an eighth of T, at least ``min_block``, at
+    """Rows per block of :func:`nopelab.measure.metrics.cosine_row_blocks`: an eighth of T, at least ``min_block``, at
     most :data:`BLOCK_ELEMENTS` / T, rounded up to a multiple of ``align``."""
     block = max(min_block, min(-(-T // 8), BLOCK_ELEMENTS // T))
     return -(-block // align) * align
@@ -115,7 +115,7 @@ def matrix_block(seq_len: int, max_matrix: int = MAX_MATRIX) -> int:
 def attention_bytes(n_heads: int, batch_size: int, seq_len: int) -> int:
     """The working memory of the attention statistics (the site ``attention``): one chunk of every
     head's logits, :func:`chunk_rows` query rows against all keys
-    (an ALiBi bias is the T x T term of :func:`forward_bytes`)."""
+    (a position bias, ALiBi's or T5's, is the T x T term of :func:`forward_bytes`)."""
     rows = min(seq_len, chunk_rows(batch_size, n_heads, seq_len))
     return ATTENTION_CHUNK * batch_size * n_heads * rows * seq_len
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -15,9 +15,6 @@ from nopelab.cli.options import Given, Group, with_options
 from nopelab.cli.probe import SECTIONS, probe_settings
 from nopelab.config import AnalysisConfig, ProbeConfig
 from nopelab.errors import UserError
-
-if TYPE_CHECKING:
-    pass
 
 
 @app.command("compare-signals")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
@@ -23,9 +23,6 @@ from nopelab.cli.app import (
 )
 from nopelab.cli.options import Given, Group, with_options
 from nopelab.config import AnalysisConfig
-
-if TYPE_CHECKING:
-    pass
 
 SECTIONS = ("model", "analysis", "probe")
 PROBE_ANALYSIS = Group(

@@ -40,22 +40,19 @@ def relative_position_bucket(
 
 
 class T5RelativeBias(AttentionPE):
-    """A (buckets, n_heads) table of learned biases, looked up by the bucket of ``j - i``."""
+    """A (buckets, n_heads) table of learned biases, looked up by the bucket of ``j - i``; the
+    buckets are causal or bidirectional as the attention calling :meth:`bias` is."""
 
     def __init__(
-        self,
-        n_heads: int,
-        bidirectional: bool = False,
-        buckets: int = T5_BUCKETS,
-        max_distance: int = T5_MAX_DISTANCE,
+        self, n_heads: int, buckets: int = T5_BUCKETS, max_distance: int = T5_MAX_DISTANCE
     ):
         super().__init__()
-        self.bidirectional, self.buckets, self.max_distance = bidirectional, buckets, max_distance
+        self.buckets, self.max_distance = buckets, max_distance
         self.table = nn.Embedding(buckets, n_heads)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> T5RelativeBias:
-        return cls(cfg.n_heads, bidirectional=cfg.bidirectional)
+        return cls(cfg.n_heads)
 
     def bias(self, T: int, causal: bool, device: torch.device) -> Tensor:
         position = torch.arange(T, device=device)
