@@ -1,6 +1,6 @@
 """Helpers the tests import: the command-line runner, its error line, a reproduction at smoke
-scale, a tiny language model trained on text, and the stored reference summaries of the
-reproductions."""
+scale, a tiny task run and a tiny language model trained on text, and the stored reference
+summaries of the reproductions."""
 
 from __future__ import annotations
 
@@ -35,6 +35,24 @@ def reproduce(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 CORPUS = "the quick brown fox jumps over the lazy dog. " * 200  # 9000 bytes, 450 held out
+
+
+def tiny_run(**train: object) -> Any:
+    """A :class:`~nopelab.training.run.TrainRun` of a two-layer model on copy (operands up to 5)
+    for 8 steps on the CPU; ``train`` overrides its training settings."""
+    from nopelab.config import ModelConfig, TrainConfig
+    from nopelab.training.run import TrainRun
+    from nopelab.training.task_config import TaskConfig
+
+    settings: dict[str, Any] = dict(
+        steps=8, batch_size=8, seq_len=32, lr=3e-3, warmup=2, eval_every=4, checkpoint_every=2
+    )
+    settings.update(train)
+    return TrainRun(
+        model=ModelConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=64),
+        train=TrainConfig(device="cpu", **settings),
+        task=TaskConfig(name="copy", max_len=5, train_size=2000, test_size=100),
+    )
 
 
 def text_run(folder: Path, n_layers: int = 1, **model: Any) -> Path:

@@ -424,7 +424,7 @@ def test_fewer_samples_resume_where_the_scales_own_would_not_fit(
     """--samples under a scale whose own counts this machine refuses: the run is the one with the
     given counts (stored in its marker), and resuming it with them is the same run."""
     from nopelab.errors import UserError
-    from nopelab.experiments import chi2023_probe_study
+    from nopelab.experiments.chi2023 import probe_study as chi2023_probe_study
 
     real = chi2023_probe_study.check_memory
 

@@ -20,8 +20,9 @@ from safetensors.torch import load_file
 from helpers import assert_matches_reference, reproduce
 from nopelab.config import ModelConfig, RunConfig, TrainConfig
 from nopelab.errors import UserError
-from nopelab.experiments import EXPERIMENTS, chi2023_pretrained
+from nopelab.experiments import EXPERIMENTS
 from nopelab.experiments import train_and_measure as trained_module
+from nopelab.experiments.chi2023 import pretrained as chi2023_pretrained
 from nopelab.experiments.train_and_measure import stage_folder, train_into
 from nopelab.models.transformer import Transformer
 from nopelab.runtime.jobs import DONE

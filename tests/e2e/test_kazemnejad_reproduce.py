@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from helpers import assert_matches_reference, reproduce, run_cli
-from nopelab.experiments.kazemnejad2023 import POS_ENCODINGS, SCALES, STRETCH
+from nopelab.experiments.kazemnejad2023.tasks import POS_ENCODINGS, SCALES, STRETCH
 
 
 @pytest.mark.reference
@@ -50,7 +50,7 @@ def test_kazemnejad2023_smoke_and_its_resume(
     models = pd.read_parquet(out / "models.parquet")
     assert len(models) == len(tasks) * len(POS_ENCODINGS)
     measured = pd.read_parquet(out / "mechanisms.parquet")  # every model, length and layer
-    layers = SCALES["smoke"]["model"]["n_layers"]
+    layers = SCALES["smoke"].model["n_layers"]
     assert len(measured) == len(table) * layers
     assert measured.groupby(["task", "pos_encoding", "seed", "length"]).size().eq(layers).all()
     assert measured["entropy_ratio"].between(0, 1 + 1e-6).all() and measured.notna().all().all()

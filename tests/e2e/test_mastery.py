@@ -14,8 +14,9 @@ import pytest
 from helpers import assert_matches_reference, run_cli
 from nopelab.config import ModelConfig, TrainConfig
 from nopelab.errors import ConfigError
-from nopelab.experiments import zuo2025_mastery, zuo2025_trained
 from nopelab.experiments.train_and_measure import stage_folder, train_into
+from nopelab.experiments.zuo2025 import mastery as zuo2025_mastery
+from nopelab.experiments.zuo2025 import trained as zuo2025_trained
 from nopelab.training.run import TrainRun
 from nopelab.training.task_config import TaskConfig
 from nopelab.training.train import train

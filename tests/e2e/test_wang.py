@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from helpers import assert_matches_reference, reproduce
-from nopelab.experiments.wang2024 import LENGTHS, MECHANISM_LENGTHS, SCALES
+from nopelab.experiments.wang2024.lengths import LENGTHS, MECHANISM_LENGTHS, SCALES
 
 FILES = (
     "perplexity.parquet",

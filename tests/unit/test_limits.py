@@ -12,6 +12,7 @@ import pytest
 import nopelab.limits as limits
 from helpers import run_cli
 from nopelab.config import AnalysisConfig, InterventionConfig, ModelConfig
+from nopelab.encodings import NAMES
 from nopelab.errors import UserError
 from nopelab.models.transformer import Transformer
 
@@ -20,7 +21,7 @@ from nopelab.models.transformer import Transformer
     ("pos_encoding", "bias", "norm", "mlp", "tie", "norm_position"),
     [
         *itertools.product(
-            ["none", "learned", "sinusoidal", "rope", "alibi"],
+            NAMES,
             [False, True],
             ["layernorm", "rmsnorm"],
             ["gelu", "swiglu"],

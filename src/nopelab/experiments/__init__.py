@@ -1,9 +1,12 @@
 """The reproduced papers, their parts and the scales each part has: one registry, read without
 importing PyTorch (``nopelab reproduce --help`` is generated from it).
 
-Each part is a module of this package with ``settings(scale, seed, device, **options)``, which
-validates and resolves, and ``run(settings, out)``, which writes; its scales are the tables of
-``scales/SCALE_FILE.toml``. Adding a part is one module, one scale file and one entry here.
+Each paper is a package of this one (``chi2023/``, ``zuo2025/``, …) and each of its parts a module
+there with ``settings(scale, seed, device, **options)``, which validates and resolves, and
+``run(settings, out)``, which writes. Beside the modules, the paper's package holds the parts' scale
+files (``scales/PART.toml``, one table per scale), their summary templates (``templates/``), the
+paper's published numbers (``published.toml``) and the figures only it draws (``figures.py``).
+Adding a part is one module, one scale file, one template and one entry here.
 """
 
 from __future__ import annotations
@@ -13,25 +16,26 @@ import importlib
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from nopelab.experiments.scale_files import part_file
+
 
 @functools.cache
-def scale_tables(file: str) -> dict[str, dict[str, Any]]:
-    """The tables of ``scales/FILE.toml``, in order."""
-    text = resources.files(__name__).joinpath("scales", f"{file}.toml").read_text()
-    return tomllib.loads(text)
+def scale_tables(part: str) -> dict[str, dict[str, Any]]:
+    """The tables of the part ``PAPER.PART``'s scale file, ``PAPER/scales/PART.toml``, in order."""
+    return tomllib.loads(part_file(part, "scales", ".toml").read_text())
 
 
 @dataclass(frozen=True)
 class Part:
     """One part of a reproduction.
 
-    ``module``: the module under ``nopelab.experiments`` that runs it; ``about``: a few words
-    for ``--help``; ``scale_file``: the stem of its scale file (``module`` unless given);
+    ``module``: the module under ``nopelab.experiments`` that runs it, ``PAPER.PART``; ``about``:
+    a few words for ``--help``; ``scale_file``: the part whose scale file it reads (``module``
+    unless given);
     ``only_scales``: a subset of that file's tables, where the part runs at fewer scales.
     A ``resumable`` part runs its models as jobs (:func:`~nopelab.runtime.jobs.run_jobs`) and
     writes into ``--out`` as it goes; ``--resume`` continues it, skipping finished models.
@@ -94,10 +98,10 @@ class Experiment:
 EXPERIMENTS = {
     "chi2023": Experiment(
         {
-            "random-init": Part("chi2023"),
-            "pretrained": Part("chi2023_pretrained", resumable=True, options=("corpus",)),
+            "random-init": Part("chi2023.random_init"),
+            "pretrained": Part("chi2023.pretrained", resumable=True, options=("corpus",)),
             "probe-study": Part(
-                "chi2023_probe_study",
+                "chi2023.probe_study",
                 "probes of the random model over inputs, sites, probes and training sequences",
                 resumable=True,
                 options=("samples",),
@@ -108,14 +112,14 @@ EXPERIMENTS = {
     ),
     "zuo2025": Experiment(
         {
-            "random-init": Part("zuo2025", resumable=True),
-            "trained": Part("zuo2025_trained", resumable=True),
-            "probes": Part("zuo2025_probes", resumable=True, reuses_models=True),
+            "random-init": Part("zuo2025.random_init", resumable=True),
+            "trained": Part("zuo2025.trained", resumable=True),
+            "probes": Part("zuo2025.probes", resumable=True, reuses_models=True),
             "mastery": Part(
-                "zuo2025_mastery",
+                "zuo2025.mastery",
                 "the trained part's models at three seeds, steps to mastery",
                 resumable=True,
-                scale_file="zuo2025_trained",
+                scale_file="zuo2025.trained",
                 only_scales=("smoke", "small"),  # the scales whose models train to a target
             ),
         },
@@ -123,9 +127,9 @@ EXPERIMENTS = {
     ),
     "haviv2022": Experiment(
         {
-            "pretrained": Part("haviv2022", resumable=True, options=("corpus",)),
+            "pretrained": Part("haviv2022.pretrained", resumable=True, options=("corpus",)),
             "sizes": Part(
-                "haviv2022_sizes",
+                "haviv2022.sizes",
                 "five encodings at three sizes, the gap to NoPE",
                 resumable=True,
                 options=("sizes", "corpus"),
@@ -136,8 +140,8 @@ EXPERIMENTS = {
     "kazemnejad2023": Experiment(
         {
             "tasks": Part(
-                "kazemnejad2023",
-                "five encodings on tasks, accuracy at every length to 3x the trained ones",
+                "kazemnejad2023.tasks",
+                "six encodings on tasks, accuracy at every length to 3x the trained ones",
                 resumable=True,
             )
         },
@@ -146,7 +150,7 @@ EXPERIMENTS = {
     "wang2024": Experiment(
         {
             "lengths": Part(
-                "wang2024",
+                "wang2024.lengths",
                 "NoPE and RoPE past the training length, the logit-scale fixes",
                 resumable=True,
                 options=("corpus",),
@@ -154,7 +158,7 @@ EXPERIMENTS = {
         },
         "lengths",
     ),
-    "real-model": Experiment({"smollm2": Part("real_model", probe_seeds=True)}, "smollm2"),
+    "real-model": Experiment({"smollm2": Part("real_model.smollm2", probe_seeds=True)}, "smollm2"),
 }
 
 

@@ -1,21 +1,40 @@
-"""The reproductions' data files: their scales, ``experiments/scales/PART.toml`` (one table per
-scale), and the papers' published numbers, ``experiments/published/PAPER.toml`` (each with its
-source in the paper).
+"""The reproductions' data files: each part's scales, ``experiments/PAPER/scales/PART.toml`` (one
+table per scale), and a paper's published numbers, ``experiments/PAPER/published.toml`` (each
+with its source in the paper).
 
-Each experiment module names the schema of its scale tables (a ``TypedDict`` or a dataclass);
-:func:`read_scales` reads the file and checks every table's keys against it, so a typo in a
-scale file is an error naming the file, the scale and the key, not a silent default.
+Every part's scale tables have one kind of schema: a class marked :func:`scale_schema` (a frozen
+dataclass). :func:`read_scales` reads the file and builds one instance per table with pydantic,
+checking every key and every value's type (an ``int`` is never a string or a float, a tuple's
+items, nested tables), so a typo or a wrong type in a scale file is an error naming the file,
+the scale and the key, not a silent default or a failure deep inside a run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 from importlib import resources
-from typing import Any, TypedDict, get_type_hints
+from importlib.resources.abc import Traversable
+from typing import Any, TypeVar, dataclass_transform
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+T = TypeVar("T")
+SCHEMAS: set[type] = set()  # the classes marked by scale_schema
 
 
-class RandomInitScale(TypedDict):
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+def scale_schema(cls: type[T]) -> type[T]:
+    """Make ``cls`` a scale table's schema: a frozen dataclass whose tables :func:`read_scales`
+    checks key by key and type by type (a nested table's class is marked too)."""
+    cls.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
+    SCHEMAS.add(cls)
+    return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+
+
+@scale_schema
+class RandomInitScale:
     """A random-init model's shape and the analysis' inputs (chi2023, zuo2025 random-init)."""
 
     d_model: int
@@ -26,43 +45,50 @@ class RandomInitScale(TypedDict):
     batch_size: int
 
 
-def read_scales(part: str, schema: type) -> dict[str, dict[str, Any]]:
-    """The scale tables of ``scales/PART.toml``, in file order, keys checked against ``schema``
-    (nested tables are left to the caller)."""
-    text = resources.files("nopelab.experiments").joinpath("scales", f"{part}.toml").read_text()
-    return parse_scales(text, f"scales/{part}.toml", schema)
+def part_file(part: str, folder: str, suffix: str) -> Traversable:
+    """The data file of the part ``PAPER.PART`` (its module under ``nopelab.experiments``) in
+    ``FOLDER`` of its paper's package: ``experiments/PAPER/FOLDER/PART.SUFFIX``."""
+    paper, _, name = part.partition(".")
+    return resources.files(f"nopelab.experiments.{paper}").joinpath(folder, f"{name}{suffix}")
 
 
-def parse_scales(text: str, file: str, schema: type) -> dict[str, dict[str, Any]]:
-    """The scale tables of one file's ``text``, keys checked against ``schema``."""
-    scales = tomllib.loads(text)
-    allowed, required = _keys(schema)
-    for scale, table in scales.items():
+def read_scales(part: str, schema: type[T]) -> dict[str, T]:
+    """The scale tables of the part ``PAPER.PART``, ``experiments/PAPER/scales/PART.toml``, in
+    file order, each checked against and built as ``schema``."""
+    paper, _, name = part.partition(".")
+    text = part_file(part, "scales", ".toml").read_text()
+    return parse_scales(text, f"{paper}/scales/{name}.toml", schema)
+
+
+def parse_scales(text: str, file: str, schema: type[T]) -> dict[str, T]:
+    """The scale tables of one file's ``text``, each built as ``schema``; the first problem is a
+    ``ValueError`` naming the file, the scale and the key."""
+    adapter = TypeAdapter(schema)
+    scales = {}
+    for scale, table in tomllib.loads(text).items():
         where = f"{file} [{scale}]"
         if not isinstance(table, dict):
             raise ValueError(f"{where}: expected a table of settings")
-        if unknown := sorted(set(table) - allowed):
-            raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {sorted(allowed)}")
-        if missing := sorted(required - set(table)):
-            raise ValueError(f"{where}: missing key {missing[0]!r}")
+        try:  # strict JSON validation: a TOML table is JSON data; no value is coerced
+            scales[scale] = adapter.validate_json(json.dumps(table), strict=True)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            key = ".".join(str(part) for part in error["loc"])
+            problem = {
+                "extra_forbidden": "unknown key",
+                "unexpected_keyword_argument": "unknown key",
+                "missing": "missing key",
+                "missing_keyword_only_argument": "missing key",
+                "missing_argument": "missing key",
+            }.get(error["type"])
+            if problem:
+                raise ValueError(f"{where}: {problem} {key!r}") from None
+            raise ValueError(f"{where}: {key}: {error['msg']}, got {error['input']!r}") from None
     return scales
-
-
-def _keys(schema: type) -> tuple[set[str], set[str]]:
-    """The keys a scale table may hold, and those it must hold."""
-    if dataclasses.is_dataclass(schema):
-        fields = dataclasses.fields(schema)
-        optional = {
-            f.name
-            for f in fields
-            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-        }
-        return {f.name for f in fields}, {f.name for f in fields} - optional
-    return set(get_type_hints(schema)), set(getattr(schema, "__required_keys__", ()))
 
 
 def read_published(paper: str) -> dict[str, Any]:
     """The numbers ``paper`` published that a reproduction shows beside its own
-    (``published/PAPER.toml``; every table names its ``source``)."""
-    text = resources.files("nopelab.experiments").joinpath("published", f"{paper}.toml").read_text()
+    (``experiments/PAPER/published.toml``; every table names its ``source``)."""
+    text = resources.files(f"nopelab.experiments.{paper}").joinpath("published.toml").read_text()
     return tomllib.loads(text)

@@ -1,31 +1,61 @@
-"""The prose of the reproductions' ``summary.md``: ``experiments/templates/NAME.md``.
+"""The prose of the reproductions' ``summary.md``: ``experiments/PAPER/templates/NAME.md``.
 
-A template is Markdown with :class:`string.Template` placeholders (``$name`` or ``${name}``;
-``$$`` is a literal dollar). The experiment module computes every value as a string (numbers
-formatted, tables rendered) and :func:`fill` puts them in.
+A template is Markdown with `Jinja <https://jinja.palletsprojects.com>`_ placeholders
+(``{{ name }}``) and the prose's conditions (``{% if seeds > 1 %}``): the experiment module
+computes the values (numbers, tables rendered as Markdown) and :func:`fill` renders the
+template with them. A block tag on a line of its own leaves no blank line behind.
 """
 
 from __future__ import annotations
 
-from importlib import resources
-from string import Template
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+import jinja2
+from jinja2 import meta
+
+from nopelab.experiments.scale_files import part_file
 
 if TYPE_CHECKING:
     from nopelab.config import ModelConfig, TrainConfig
     from nopelab.training.run import TrainRun
 
 
-def template(name: str) -> Template:
-    """The template ``templates/NAME.md``."""
-    path = resources.files("nopelab.experiments").joinpath("templates", f"{name}.md")
-    return Template(path.read_text(encoding="utf-8"))
+@functools.cache
+def environment() -> jinja2.Environment:
+    """The templates' Jinja environment: a value the template names but the call does not give
+    is an error (``StrictUndefined``), and nothing is HTML-escaped (the output is Markdown)."""
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(
+            lambda name: part_file(name, "templates", ".md").read_text(encoding="utf-8")
+        ),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
 
 
 def fill(name: str, **values: object) -> str:
-    """``templates/NAME.md`` with its placeholders replaced by ``values``; a placeholder without a
-    value raises ``KeyError``."""
-    return template(name).substitute(values)
+    """The template ``PAPER.NAME`` rendered with ``values``; a value it names that is not given
+    raises :class:`jinja2.UndefinedError`."""
+    return environment().get_template(name).render(values)
+
+
+def sentence(name: str, macro: str) -> Callable[..., str]:
+    """The macro ``macro`` of the template ``PAPER.NAME``: a sentence whose wording and
+    conditions live in the template, called with the facts it states."""
+    found: Callable[..., str] = getattr(environment().get_template(name).module, macro)
+    return lambda *args: str(found(*args))
+
+
+def placeholders(name: str) -> set[str]:
+    """The values the template ``PAPER.NAME`` takes from its caller."""
+    env = environment()
+    source = env.loader.get_source(env, name)[0]  # type: ignore[union-attr]
+    return meta.find_undeclared_variables(env.parse(source))
 
 
 def shape_values(model: ModelConfig) -> dict[str, object]:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from nopelab.config import (
     AnalysisConfig,
@@ -27,6 +27,7 @@ from nopelab.config import (
     RunConfig,
     TrainConfig,
 )
+from nopelab.experiments.scale_files import scale_schema
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.run_files import WrittenAnalysis, read_analysis, write_analysis
 from nopelab.models.transformer import build_model
@@ -38,11 +39,12 @@ from nopelab.training.trained import load_trained, make_source
 PERPLEXITY_LENGTHS = ("perplexity", "perplexity_2x", "perplexity_4x")
 
 
-class CorpusScale(TypedDict, total=False):
+@scale_schema
+class CorpusScale:
     """The optional key of an LM part's scale table: the embedded corpus the scale trains on
     unless ``--corpus`` names one (``default`` where the table has none)."""
 
-    corpus: str
+    corpus: str = "default"
 
 
 def lm_runs(

@@ -48,7 +48,7 @@ from nopelab.config import (
     first_difference,
 )
 from nopelab.errors import RunFailed, UserError, first_line
-from nopelab.limits import check_training
+from nopelab.limits import check_training, parameter_count
 from nopelab.models.transformer import Transformer
 from nopelab.plots import training_curves
 from nopelab.runtime.device import resolve_device
@@ -652,7 +652,7 @@ class Trainer:
             "final_eval": final_eval,
             "tokens_per_second": self.tokens / seconds if seconds else float("nan"),
             "train_seconds": self.train_seconds + seconds,
-            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "parameters": parameter_count(self.run.model),
             "processes": world_size(),
             "threads": torch.get_num_threads(),
             "device": str(self.device),

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nopelab.config import ModelConfig
-from nopelab.experiments.kazemnejad2023 import (
+from nopelab.experiments.kazemnejad2023.tasks import (
     SCALES,
     STRETCH,
     break_table,
@@ -116,7 +116,7 @@ def test_a_learned_table_covers_the_longest_tested_line_and_decodes_it() -> None
         for m in settings(scale, 0, "cpu").models:
             task_cfg = m.run.task
             assert task_cfg is not None and task_cfg.train_lengths == (1, m.max_len)
-            assert m.max_len == SCALES[scale]["max_len"][m.task]
+            assert m.max_len == SCALES[scale].max_len[m.task]
             tested = dataclasses.replace(task_cfg, test_max_len=STRETCH * m.max_len)
             assert m.run.model.max_seq_len == max_line_len(tested)
             assert m.run.train.seq_len == max_line_len(task_cfg) < m.run.model.max_seq_len

@@ -37,9 +37,11 @@ def test_a_part_has_the_scales_of_its_file_and_the_functions_it_names(
     from nopelab.experiments import Part
 
     assert isinstance(part, Part)
-    file = f"{part.scale_file or part.module}.toml"
+    paper_package, _, file = (part.scale_file or part.module).partition(".")
     tables = tomllib.loads(
-        resources.files("nopelab.experiments").joinpath("scales", file).read_text()
+        resources.files(f"nopelab.experiments.{paper_package}")
+        .joinpath("scales", f"{file}.toml")
+        .read_text()
     )
     assert set(part.only_scales) <= set(tables), "only_scales names a table the file lacks"
     assert part.scales and set(part.scales) <= set(SCALES), "a scale --help does not describe"

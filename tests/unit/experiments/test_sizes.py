@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from nopelab.errors import ConfigError, UserError
-from nopelab.experiments.haviv2022_sizes import check_sizes, gap_table, size_table, verdicts
+from nopelab.experiments.haviv2022.sizes import check_sizes, gap_table, size_table, verdicts
 
 
 @pytest.mark.parametrize(
@@ -26,7 +26,7 @@ def test_a_size_list_that_is_empty_or_does_not_grow_is_refused(sizes: list) -> N
 def test_parameters_are_counted_without_building_a_model(monkeypatch: pytest.MonkeyPatch) -> None:
     """The count of a size is the built NoPE model's; a size too large to train is refused at
     once, naming --sizes, with no model built (building one took minutes)."""
-    from nopelab.experiments import haviv2022_sizes
+    from nopelab.experiments.haviv2022 import sizes as haviv2022_sizes
     from nopelab.models import transformer
 
     sizes = [

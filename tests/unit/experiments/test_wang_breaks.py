@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nopelab.experiments.wang2024 import (
+from nopelab.experiments.wang2024.lengths import (
     adjacency_change,
     break_length,
     fix_table,

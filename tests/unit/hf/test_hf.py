@@ -425,7 +425,7 @@ def test_attention_modules_follow_the_mapping(model_type):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from nopelab.experiments.real_model import smollm2_path
+    from nopelab.experiments.real_model.smollm2 import smollm2_path
 
     model, tokenizer, _ = load.load_model(str(smollm2_path()))
     return model, tokenizer
@@ -433,7 +433,7 @@ def smollm2():
 
 @pytest.mark.slow
 def test_smollm2_gguf_loads_and_uses_rope_everywhere(smollm2):
-    from nopelab.experiments.real_model import text_loss
+    from nopelab.experiments.real_model.smollm2 import text_loss
 
     model, tokenizer = smollm2
     assert (model.cfg.model_type, model.cfg.total_layers, model.cfg.d_model) == ("llama", 30, 576)

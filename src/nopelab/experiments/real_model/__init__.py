@@ -1,0 +1,2 @@
+"""A real pretrained model, SmolLM2-135M: RoPE switched off in some layers without retraining
+(``smollm2``)."""
