@@ -367,8 +367,8 @@ class HFConfig:
 
     text: str = setting(
         "default",
-        "Text for --input data: an embedded corpus's name (default, sotu; its held-out tail), "
-        "a file or folder",
+        "Text (analyze and probe: for --input data; evaluate: the held-out text): an embedded "
+        "corpus's name (default, sotu; its held-out tail), a file or folder",
     )
     max_layers: int | None = setting(None, "Analyse only the first N layers", shown="all")
     trust_remote_code: bool = setting(
@@ -377,9 +377,16 @@ class HFConfig:
     rope_off: tuple[int, ...] | Literal["all"] = setting(
         (), "Switch RoPE off in these 1-based layers, e.g. 4,8,12, or all", shown="none"
     )
+    train_len: int | None = setting(
+        None,
+        "The length the model was trained on (evaluate)",
+        shown="the config's max_position_embeddings",
+    )
 
     def __post_init__(self) -> None:
         check_types(self)
+        if self.train_len is not None:
+            check_positive("train_len", self.train_len)
         if self.rope_off != "all":
             object.__setattr__(self, "rope_off", _as_tuple("rope_off", self.rope_off))
             _layer_numbers("rope_off", self.rope_off)
@@ -601,6 +608,97 @@ def feature_names(combination: str) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise ConfigError("features", f"{combination!r} names a feature twice")
     return names
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """Where ``nopelab evaluate`` measures a language model past its training length."""
+
+    lengths: tuple[int, ...] = setting(
+        (1, 2, 4, 8, 16), "Comma-separated multiples of the training length to evaluate at"
+    )
+    windows: int = setting(
+        8, "Held-out windows per length (as many as the held-out text holds, up to this)"
+    )
+    buckets: int = setting(32, "Log-spaced buckets of positions per length")
+    seed: int = setting(
+        0, "Seed of the choice of windows where the held-out text holds more than --windows"
+    )
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        check_seed("seed", self.seed)
+        for name in ("windows", "buckets"):
+            check_positive(name, getattr(self, name))
+        increasing = all(a < b for a, b in zip(self.lengths, self.lengths[1:], strict=False))
+        if not self.lengths or min(self.lengths) < 1 or not increasing:
+            raise ConfigError(
+                "lengths",
+                "expected comma-separated whole numbers >= 1 in increasing order "
+                f"(e.g. 1,2,4,8,16), got {','.join(map(str, self.lengths))}",
+            )
+
+
+@dataclass(frozen=True)
+class HeadScaleConfig:
+    """Wang et al.'s attention-logit scaling of a frozen language model (``nopelab
+    headscale``): a factor per head trained at ``length``, or one ``uniform`` factor. ``None``
+    is "not given": the training settings' defaults are filled in by the training."""
+
+    length: float | None = setting(
+        None,
+        "Train a factor per head on windows of this multiple of the training length (the length "
+        "to generalise to); needed unless --uniform",
+        shown="none",
+    )
+    steps: int | None = setting(None, "Optimiser steps", shown="200")
+    lr: float | None = setting(None, "AdamW learning rate (no weight decay)", shown="0.05")
+    init_scale: float | None = setting(
+        None, "Every head's starting factor, >= 1", shown="1 + 0.3973 ln LENGTH, Wang et al.'s fit"
+    )
+    batch_size: int | None = setting(None, "Windows per step", shown="4")
+    seed: int | None = setting(None, "Seed of the training windows", shown="0")
+    uniform: float | None = setting(
+        None,
+        "Train nothing: scale every head's logits by this factor (--logit-scale; Wang et al.: "
+        "1.2 at 2x the training length, 1.5 at 4x, 1.8 at 8x)",
+        shown="none",
+    )
+
+    TRAINING = ("length", "steps", "lr", "init_scale", "batch_size")  # not with --uniform
+    NO_MODE = (
+        "give the multiple of the training length to train head scales at (e.g. --length 4), "
+        "or --uniform C for one factor"
+    )
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.seed is not None:  # taken in both modes (the uniform one draws nothing)
+            check_seed("seed", self.seed)
+        if self.uniform is not None:
+            for name in self.TRAINING:
+                if getattr(self, name) is not None:
+                    raise ConfigError(name, "only applies to training head scales, not --uniform")
+            _check_number("uniform", self.uniform, 0.0, above=True)
+            return
+        if self.length is None:
+            raise ConfigError("length", self.NO_MODE)
+        _check_number("length", self.length, 1.0)
+        _check_number("init_scale", self.init_scale, 1.0)
+        _check_number("lr", self.lr, 0.0, above=True)
+        for name in ("steps", "batch_size"):
+            value = getattr(self, name)
+            if value is not None:
+                check_positive(name, value)
+
+
+def _check_number(name: str, value: float | None, least: float, above: bool = False) -> None:
+    """Refuse a value that is not finite or is below ``least`` (``above``: not above it)."""
+    if value is None:
+        return
+    if not _finite(value) or value < least or (above and value == least):
+        bound = f"> {least:g}" if above else f">= {least:g}"
+        raise ConfigError(name, f"must be a finite number {bound}, got {value:g}")
 
 
 @dataclass(frozen=True)

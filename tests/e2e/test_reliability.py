@@ -140,7 +140,7 @@ BAD_INPUT = {
         ("RUN", "run: evaluate needs a language model trained on text"),
         ("no/such/run", "run: no/such/run has no config.json"),
         ("RUN --lengths 2,1", "--lengths: expected comma-separated whole numbers >= 1"),
-        ("RUN --windows 0", "--windows: input should be greater than or equal to 1"),
+        ("RUN --windows 0", "--windows: must be > 0"),
         ("RUN --seed -1", SEED),
         ("RUN --out RUN --force", "--out:"),
     ],

@@ -43,7 +43,7 @@ HF = "Hugging Face model (hf:PATH)"
 
 MODEL_OPTIONS = Group("model", ModelConfig, MODEL)
 ANALYSIS_OPTIONS = Group("analysis", AnalysisConfig, ANALYSIS)
-HF_OPTIONS = Group("hf", HFConfig, HF)
+HF_OPTIONS = Group("hf", HFConfig, HF, exclude=("train_len",))  # train_len: evaluate only
 PROBE_OPTIONS = Group("probe", ProbeConfig, PROBE)
 
 ConfigFile = Annotated[

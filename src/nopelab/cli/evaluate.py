@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from pathlib import Path
 from typing import Annotated
@@ -12,17 +11,17 @@ import typer
 from nopelab.cli import resolve
 from nopelab.cli.app import ANALYSIS, HF, Force, Out, app
 from nopelab.cli.options import Given, Group, with_options
-from nopelab.config import AnalysisConfig, HFConfig, check_seed
+from nopelab.config import AnalysisConfig, EvaluateConfig, HFConfig
 from nopelab.errors import UserError
 
 EVALUATION = "Evaluation"
-ALLOWED = "comma-separated whole numbers >= 1 in increasing order (e.g. 1,2,4,8,16)"
 
 
 @app.command()
 @with_options(
+    Group("evaluate", EvaluateConfig, EVALUATION),
     Group("analysis", AnalysisConfig, ANALYSIS, only=("batch_size", "device")),
-    Group("hf", HFConfig, HF, only=("trust_remote_code",)),
+    Group("hf", HFConfig, HF, only=("text", "train_len", "trust_remote_code")),
 )
 def evaluate(
     run_dir: Annotated[
@@ -32,51 +31,6 @@ def evaluate(
             "a Hugging Face model folder or .gguf file"
         ),
     ],
-    lengths: Annotated[
-        str,
-        typer.Option(
-            help="Comma-separated multiples of the training length to evaluate at",
-            rich_help_panel=EVALUATION,
-        ),
-    ] = "1,2,4,8,16",
-    windows: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help="Held-out windows per length (as many as the held-out text holds, up to this)",
-            rich_help_panel=EVALUATION,
-        ),
-    ] = 8,
-    buckets: Annotated[
-        int,
-        typer.Option(
-            min=1, help="Log-spaced buckets of positions per length", rich_help_panel=EVALUATION
-        ),
-    ] = 32,
-    seed: Annotated[
-        int,
-        typer.Option(
-            help="Seed of the choice of windows where the held-out text holds more than --windows",
-            rich_help_panel=EVALUATION,
-        ),
-    ] = 0,
-    text: Annotated[
-        str,
-        typer.Option(
-            help="Held-out text: an embedded corpus's name (default, sotu; its held-out tail), "
-            "a file or folder",
-            rich_help_panel=HF,
-        ),
-    ] = "default",
-    train_len: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="The length the model was trained on \\[the config's max_position_embeddings]",
-            show_default=False,
-            rich_help_panel=HF,
-        ),
-    ] = None,
     out: Out = None,
     force: Force = False,
     *,
@@ -91,55 +45,42 @@ def evaluate(
     from nopelab.runtime.progress import stage
     from nopelab.runtime.rundir import check_out, default_out, staged_run
 
-    factors = parse_lengths(lengths)
-    check_seed("--seed", seed)
+    ev = EvaluateConfig(**given.section("evaluate"))
+    hf_settings = HFConfig(**given.section("hf"))
     analysis = AnalysisConfig(**given.section("analysis"))
     device = resolve_device(analysis.device)
     out = out or default_out(f"evaluate-{Path(str(run_dir)).name}")
     check_out(out, force, resolve.inputs(run_dir))
     hf = resolve.hf_path(run_dir)
-    asked = {"factors": factors, "windows": windows, "batch_size": analysis.batch_size}
+    asked = {"factors": ev.lengths, "windows": ev.windows, "batch_size": analysis.batch_size}
     if hf is None:
-        typed = given.flags("hf")
-        typed[:0] = ["--train-len"] if train_len is not None else []
-        typed[:0] = ["--text"] if text != "default" else []
-        if typed:
+        if typed := given.flags("hf"):
             raise UserError(f"{typed[0]}: only applies to an hf:PATH model")
         target = native_target(run_dir, asked)
     else:
-        trust = bool(given.section("hf").get("trust_remote_code"))
-        target = hf_target(hf, text, train_len, trust, asked)
+        target = hf_target(
+            hf, hf_settings.text, hf_settings.train_len, hf_settings.trust_remote_code, asked
+        )
     model = target.model.to(device).eval()
     settings = {
         "source": str(run_dir),
         "train_len": target.train_len,
-        "lengths": list(factors),
-        "windows": windows,
-        "buckets": buckets,
-        "seed": seed,
+        "lengths": list(ev.lengths),
+        "windows": ev.windows,
+        "buckets": ev.buckets,
+        "seed": ev.seed,
         "batch_size": analysis.batch_size,
         "device": str(device),
-        **({"text": text} if hf else {}),
+        **({"text": hf_settings.text} if hf else {}),
     }
     with staged_run(out, force, resolve.inputs(run_dir), command="evaluate") as staging:
         start, losses = time.perf_counter(), {}
         for plan in target.plan:
             stage(f"evaluate: {plan.factor}x ({plan.length} tokens), {plan.windows} windows")
-            pairs = chosen_windows(target.stream, plan.length, plan.windows, seed)
+            pairs = chosen_windows(target.stream, plan.length, plan.windows, ev.seed)
             losses[plan] = position_loss(model, pairs, plan.length, plan.batch_size, device)
         seconds = time.perf_counter() - start
         stage("evaluate: writing tables, figure and summary")
-        result = result_tables(losses, buckets)
+        result = result_tables(losses, ev.buckets)
         write_result(staging, result, settings, resolve.title(run_dir), seconds)
     typer.echo(f"wrote {out}; see {out / 'summary.md'}")
-
-
-def parse_lengths(text: str) -> tuple[int, ...]:
-    """``"1,2,4"`` → ``(1, 2, 4)``, or a one-line error naming ``--lengths``."""
-    try:
-        factors = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise UserError(f"--lengths: expected {ALLOWED}; got {text!r}") from None
-    if min(factors) < 1 or any(a >= b for a, b in itertools.pairwise(factors)):
-        raise UserError(f"--lengths: expected {ALLOWED}; got {text!r}")
-    return factors

@@ -127,7 +127,7 @@ class Option:
             return tuple(int(item) for item in items)
         except ValueError:
             raise UserError(
-                f"{self.flag}: expected comma-separated layer numbers like 2,4, got {value!r}"
+                f"{self.flag}: expected comma-separated whole numbers like 2,4, got {value!r}"
             ) from None
 
 

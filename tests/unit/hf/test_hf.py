@@ -371,7 +371,7 @@ def test_cli_analyze_hf(tmp_path, llama_dir, monkeypatch):
             ["--input", "tokens", "--seq-len", "16", "--rope-off", "9"],
             "--rope-off: layer 9 is outside 1..4",
         ),
-        (["--rope-off", "x"], "--rope-off: expected comma-separated layer numbers"),
+        (["--rope-off", "x"], "--rope-off: expected comma-separated whole numbers"),
         (["--sites", "attn"], "--sites: unknown value 'attn'"),
     ],
 )
