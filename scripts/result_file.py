@@ -6,7 +6,8 @@ writes docs/results/wang2024-lengths-small.json = {"run": run.json, "summary": s
 (timings inside the summary kept), and "models": each trained model's own summary.json (its
 final evaluation, steps, parameters, training time: runs/NAME/summary.json), so a multi-seed
 mean ships with every seed's value. For a sweep's folder the summary is {"results": the rows of
-its results/ table}. The pages quote these files, and tests/e2e/test_claims.py
+its results/ table}. --table NAME adds the rows of the run's NAME.parquet under "tables" (a
+small table whose numbers summary.json does not hold). The pages quote these files, and tests/e2e/test_claims.py
 checks every quoted number against them (docs/results/README.md). An existing file is
 replaced only with --replace.
 """
@@ -33,10 +34,12 @@ def main() -> int:
     parser.add_argument("run", type=Path, help="a reproduction's or a sweep's --out folder")
     parser.add_argument("name", help="the result file's name, without .json")
     parser.add_argument("--drop", nargs="*", default=[], help="summary keys to leave out")
+    parser.add_argument("--table", nargs="*", default=[], help="NAME.parquet tables to add")
     parser.add_argument("--replace", action="store_true", help="replace an existing file")
     args = parser.parse_args()
     sweep = (args.run / "results").is_dir() and not (args.run / "summary.json").exists()
     wanted = ("run.json",) if sweep else ("run.json", "summary.json")
+    wanted += tuple(f"{name}.parquet" for name in args.table)
     missing = [n for n in wanted if not (args.run / n).is_file()]
     if missing:
         print(f"result_file: {args.run} has no {' or '.join(missing)}", file=sys.stderr)
@@ -56,6 +59,15 @@ def main() -> int:
         "run": json.loads((args.run / "run.json").read_text()),
         "summary": {k: v for k, v in summary.items() if k not in args.drop},
     }
+    if args.table:
+        import pandas as pd
+
+        record["tables"] = {
+            name: json.loads(
+                pd.read_parquet(args.run / f"{name}.parquet").to_json(orient="records")
+            )
+            for name in args.table
+        }
     models = {
         path.parent.name: json.loads(path.read_text())
         for path in sorted((args.run / "runs").glob("*/summary.json"))
