@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from nopelab.config import PosEncoding
+from nopelab.encodings import labels_of
 from nopelab.experiments.outputs import model_file, write_outputs
 from nopelab.experiments.summary_template import fill
 from nopelab.experiments.train_and_measure import stage_folder, train_into
@@ -28,8 +30,8 @@ from nopelab.tables import markdown_table
 from nopelab.training.run import TrainRun
 
 SEEDS = 3
-POS_ENCODINGS = ("none",)
-NAMES = {"none": "NoPE", "learned": "learned-PE", "rope": "RoPE"}
+POS_ENCODINGS: tuple[PosEncoding, ...] = ("none",)
+LABELS = labels_of(POS_ENCODINGS)
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ def summary_text(settings: Settings, table: pd.DataFrame, spread: pd.DataFrame) 
     tasks, encodings = list(trained.TASKS), list(POS_ENCODINGS)
     cells = spread.assign(cell=[_cell(row) for _, row in spread.iterrows()])
     overview = cells.pivot(index="task", columns="pos_encoding", values="cell")
-    overview = overview.reindex(index=tasks, columns=encodings).rename(columns=NAMES)
+    overview = overview.reindex(index=tasks, columns=encodings).rename(columns=LABELS)
     overview = overview.reset_index()
     per_seed = table.assign(
         shown=[
@@ -164,7 +166,7 @@ def summary_text(settings: Settings, table: pd.DataFrame, spread: pd.DataFrame) 
     return fill(
         "zuo2025.mastery",
         seeds=", ".join(map(str, settings.seeds)),
-        encodings=", ".join(NAMES[pe] for pe in encodings),
+        encodings=", ".join(LABELS[pe] for pe in encodings),
         d_model=m.d_model,
         n_heads=m.n_heads,
         n_layers=m.n_layers,
