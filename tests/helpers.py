@@ -55,18 +55,20 @@ def tiny_run(**train: object) -> Any:
     )
 
 
-def text_run(folder: Path, n_layers: int = 1, **model: Any) -> Path:
+def text_run(folder: Path, n_layers: int = 1, objective: str = "next", **model: Any) -> Path:
     """A two-step byte-level language model trained on :data:`CORPUS` with a context of 16,
-    in ``folder/run``."""
+    in ``folder/run`` (``objective="masked"``: a masked LM, with its mask token)."""
     from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
     from nopelab.training.run import TrainRun
     from nopelab.training.train import train
 
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "corpus.txt").write_text(CORPUS)
+    vocab = 256 + (objective == "masked")
     run = TrainRun(
-        model=ModelConfig(vocab_size=256, d_model=16, n_layers=n_layers, n_heads=2, **model),
+        model=ModelConfig(vocab_size=vocab, d_model=16, n_layers=n_layers, n_heads=2, **model),
         train=TrainConfig(steps=2, batch_size=4, seq_len=16, eval_every=2, warmup=1, device="cpu"),
-        corpus=CorpusConfig(source=str(folder / "corpus.txt")),
+        corpus=CorpusConfig(source=str(folder / "corpus.txt"), objective=objective),
     )
     train(run, folder / "run", progress=False)
     return folder / "run"

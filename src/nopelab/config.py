@@ -51,6 +51,7 @@ Site = Literal["embed", "attn_heads", "attn_out", "resid_mid", "mlp_out", "resid
 AnalysisSite = Literal[Site, "attention"]  # attention: each layer's pattern, reduced per head
 Precision = Literal["auto", "float32", "bfloat16"]
 Tokenizer = Literal["byte", "bpe"]
+Objective = Literal["next", "masked"]
 Probe = Literal["linear-cls", "mlp-cls", "linear-reg", "mlp-reg"]
 Target = Literal["position", "distance"]
 Split = Literal["sequences", "vocab"]
@@ -584,9 +585,21 @@ class CorpusConfig:
     tokenizer: Tokenizer = setting("byte", "Bytes, or a byte-level BPE trained on the corpus")
     bpe_vocab: int = setting(4096, "BPE vocabulary size")
     val_fraction: float = setting(0.05, "Share of the corpus held out")
+    objective: Objective = setting(
+        "next",
+        "What the model learns to predict: the next token (a causal LM), or masked tokens at "
+        "their own positions (a masked LM, as BERT; with --bidirectional)",
+    )
+    mask_rate: float = setting(
+        0.15,
+        "A masked LM's share of hidden tokens (of which 80 % become a mask token, 10 % a random "
+        "token, 10 % stay)",
+    )
 
     def __post_init__(self) -> None:
         check_types(self)
+        if not 0 < self.mask_rate < 1:
+            raise ConfigError("mask_rate", f"must be in (0, 1), got {self.mask_rate!r}")
         if self.tokenizer == "bpe" and not 256 < self.bpe_vocab <= MAX_BPE_VOCAB:
             raise ConfigError(
                 "bpe_vocab", f"must be in 257..{MAX_BPE_VOCAB} for a BPE, got {self.bpe_vocab}"
@@ -624,12 +637,27 @@ class EvaluateConfig:
     seed: int = setting(
         0, "Seed of the choice of windows where the held-out text holds more than --windows"
     )
+    shuffle: tuple[int, ...] = setting(
+        (),
+        "Prefix lengths k for Haviv et al.'s shuffle: the loss on the rest of each window of "
+        "the training length with its first k tokens in random order, e.g. 0,16,64",
+        shown="none",
+    )
 
     def __post_init__(self) -> None:
         check_types(self)
         check_seed("seed", self.seed)
         for name in ("windows", "buckets"):
             check_positive(name, getattr(self, name))
+        if self.shuffle and (
+            min(self.shuffle) < 0
+            or any(a >= b for a, b in zip(self.shuffle, self.shuffle[1:], strict=False))
+        ):
+            raise ConfigError(
+                "shuffle",
+                "expected prefix lengths >= 0 in increasing order (e.g. 0,16,64), got "
+                + ",".join(map(str, self.shuffle)),
+            )
         increasing = all(a < b for a, b in zip(self.lengths, self.lengths[1:], strict=False))
         if not self.lengths or min(self.lengths) < 1 or not increasing:
             raise ConfigError(

@@ -377,3 +377,18 @@ def loss_by_position(frame: pd.DataFrame, path: Path, train_len: int, title: str
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     save(fig, path)
+
+
+def prefix_shuffle(frame: pd.DataFrame, path: Path, by: str = "", title: str = "") -> None:
+    """Loss on the tokens after a shuffled prefix against its length k (solid) beside the same
+    tokens' loss unshuffled (dashed); a colour per value of ``by`` (one line without it)."""
+    fig, ax = pyplot().subplots(figsize=(6.4, 3.8), layout="constrained")
+    groups = frame.groupby(by, sort=False) if by else [("", frame)]
+    for i, (name, rows) in enumerate(groups):
+        rows = rows.groupby("k", as_index=False)[["loss", "unshuffled_loss"]].mean()
+        ax.plot(rows["k"], rows["loss"], marker="o", ms=3, color=f"C{i}", label=f"{name} shuffled")
+        ax.plot(rows["k"], rows["unshuffled_loss"], ls="--", color=f"C{i}", label=f"{name} as is")
+    ax.set(xlabel="shuffled prefix length k", ylabel="loss after the prefix (nats)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save(fig, path)

@@ -58,6 +58,36 @@ def test_evaluate_writes_loss_by_position_and_perplexity(
     assert "Flat length" in summary and "at most 10% above" in summary
 
 
+def test_the_prefix_shuffle_starts_at_the_plain_loss(
+    text_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "eval"
+    args = ["evaluate", str(text_run), "--lengths", "1", "--windows", "20", "--shuffle", "0,1,8,15"]
+    assert run_cli([*args, "--device", "cpu", "--out", str(out)], monkeypatch) == 0
+    shuffle = pd.read_parquet(out / "shuffle.parquet").set_index("k")
+    plain = pd.read_parquet(out / "perplexity.parquet")["loss"].item()
+    assert shuffle.loc[0, "loss"] == shuffle.loc[0, "unshuffled_loss"] == pytest.approx(plain)
+    assert shuffle.loc[1, "rise"] == 0 and shuffle.loc[8, "rise"] != 0
+    assert shuffle["tokens"].tolist() == [20 * 16, 20 * 16, 20 * 9, 20 * 2]
+    assert (out / "shuffle.png").stat().st_size > 0 and "## Prefix shuffle" in (
+        out / "summary.md"
+    ).read_text()
+
+
+def test_a_shuffle_beyond_the_window_is_refused(
+    text_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    err = _refused([str(text_run), "--shuffle", "0,16"], tmp_path, monkeypatch, capsys)
+    assert "--shuffle: a prefix of 16 tokens is beyond the sequence" in err and "0..15" in err
+
+
+def test_a_masked_lm_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    run = helpers.text_run(tmp_path / "made", objective="masked", bidirectional=True)
+    (tmp_path / "here").mkdir()
+    err = _refused([str(run)], tmp_path / "here", monkeypatch, capsys)
+    assert "is a masked LM" in err
+
+
 def _refused(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> str:
     """The one error line of a refused ``nopelab evaluate``, which wrote nothing."""
     monkeypatch.chdir(tmp_path)

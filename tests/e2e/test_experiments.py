@@ -30,6 +30,7 @@ from nopelab.runtime.rundir import write_marker
 from nopelab.training.run import TrainRun
 from nopelab.training.task_config import TaskConfig
 from nopelab.training.train import train
+from nopelab.training.trained import load_trained
 
 
 @pytest.mark.reference
@@ -305,6 +306,44 @@ def test_haviv2022_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert (out / "probes.png").stat().st_size > 0
     assert (out / "runs" / "lm-alibi" / "model.safetensors").is_file()
     assert_matches_reference(out, "haviv2022-pretrained")
+
+
+@pytest.mark.slow
+def test_haviv2022_mask_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Causal and masked LMs: the tables; a causal model's outputs never depend on a later
+    token and a masked LM's do; bidirectional NoPE has no position to probe; the shuffle of
+    no prefix is the plain loss."""
+    out = tmp_path / "mask"
+    reproduce(["haviv2022", "--part", "mask", "--scale", "smoke", "--out", str(out)], monkeypatch)
+    ppl = pd.read_parquet(out / "perplexity.parquet")
+    assert len(ppl) == 8 and set(ppl["kind"]) == {"causal", "mlm"} and set(ppl["seed"]) == {0, 1}
+    assert (ppl["perplexity"] < 256).all()
+    x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    later = x.clone()
+    later[:, 20:] = (later[:, 20:] + 1) % 256  # only the tokens from position 20 on change
+    for kind in ("causal", "mlm"):
+        model = load_trained(out / "runs" / f"{kind}-none-seed0")[1]
+        with torch.no_grad():
+            same = torch.equal(model(x)[:, :20], model(later)[:, :20])
+        assert same == (kind == "causal"), kind
+        assert model.cfg.bidirectional == (kind == "mlm") and model.cfg.vocab_size == (
+            256 if kind == "causal" else 257
+        )
+    probes = pd.read_parquet(out / "probes.parquet")
+    bag = probes[(probes["kind"] == "mlm") & (probes["pos_encoding"] == "none")]
+    assert (bag["mad_fraction"] > 0.8).all()  # blind to order: nothing to probe
+    layers = pd.read_parquet(out / "layers.parquet")
+    assert set(layers["state"]) == {"init", "trained"} and (layers["variance_ratio"] > 0).all()
+    shuffle = pd.read_parquet(out / "shuffle.parquet")
+    assert set(shuffle["kind"]) == {"causal"} and sorted(set(shuffle["k"])) == [0, 8, 16, 31]
+    plain = shuffle[shuffle["k"] == 0]
+    assert (plain["loss"] == plain["unshuffled_loss"]).all() and (plain["rise"] == 0).all()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["published"]["perplexity"] == {"none": 147.0, "positions": 4.06}
+    assert summary["verdict"]["mlm_none_lowest_mad_fraction"] > 0
+    text = (out / "summary.md").read_text()
+    assert "(masked LMs): 147 without a positional" in text and "## Prefix shuffle" in text
+    assert (out / "shuffle.png").stat().st_size > 0
 
 
 @pytest.mark.reference

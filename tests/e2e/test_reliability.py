@@ -80,6 +80,9 @@ BAD_INPUT = {
         ("--corpus default --stop-at 0.9", "--stop-at: stops a task run at an accuracy"),
         ("--corpus no/such/file.txt", "--corpus: no such file or folder"),
         ("--corpus sotu+bible", "--corpus: unknown corpus name 'bible' in 'sotu+bible'"),
+        ("--corpus default --objective guess", "--objective: unknown value 'guess'"),
+        ("--corpus default --objective masked --mask-rate 1", "--mask-rate: must be in (0, 1)"),
+        ("--corpus default --bidirectional", "--bidirectional: a bidirectional model sees the"),
         ("--task copy --init-from no/such/run", "--init-from: "),
         ("--task copy --init-from RUN", "the model settings must be the same"),
         (
@@ -141,6 +144,7 @@ BAD_INPUT = {
         ("no/such/run", "run: no/such/run has no config.json"),
         ("RUN --lengths 2,1", "--lengths: expected comma-separated whole numbers >= 1"),
         ("RUN --windows 0", "--windows: must be > 0"),
+        ("RUN --shuffle 8,4", "--shuffle: expected prefix lengths >= 0 in increasing order"),
         ("RUN --seed -1", SEED),
         ("RUN --out RUN --force", "--out:"),
     ],

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
 
 from nopelab.cli import resolve
@@ -41,6 +42,7 @@ def evaluate(
     from nopelab.hf.evaluate import hf_target
     from nopelab.measure.length import chosen_windows, position_loss, result_tables, write_result
     from nopelab.measure.length_target import native_target
+    from nopelab.measure.shuffle import prefix_shuffle
     from nopelab.runtime.device import resolve_device
     from nopelab.runtime.progress import stage
     from nopelab.runtime.rundir import check_out, default_out, staged_run
@@ -61,6 +63,11 @@ def evaluate(
         target = hf_target(
             hf, hf_settings.text, hf_settings.train_len, hf_settings.trust_remote_code, asked
         )
+    if ev.shuffle and ev.shuffle[-1] >= target.train_len:
+        raise UserError(
+            f"--shuffle: a prefix of {ev.shuffle[-1]} tokens is beyond the sequence (windows of "
+            f"the training length, {target.train_len} tokens); use 0..{target.train_len - 1}"
+        )
     model = target.model.to(device).eval()
     settings = {
         "source": str(run_dir),
@@ -72,6 +79,7 @@ def evaluate(
         "batch_size": analysis.batch_size,
         "device": str(device),
         **({"text": hf_settings.text} if hf else {}),
+        **({"shuffle": list(ev.shuffle)} if ev.shuffle else {}),
     }
     with staged_run(out, force, resolve.inputs(run_dir), command="evaluate") as staging:
         start, losses = time.perf_counter(), {}
@@ -79,8 +87,14 @@ def evaluate(
             stage(f"evaluate: {plan.factor}x ({plan.length} tokens), {plan.windows} windows")
             pairs = chosen_windows(target.stream, plan.length, plan.windows, ev.seed)
             losses[plan] = position_loss(model, pairs, plan.length, plan.batch_size, device)
+        shuffle = None
+        if ev.shuffle:
+            stage(f"evaluate: prefix shuffle at 1x, k = {','.join(map(str, ev.shuffle))}")
+            windows = list(chosen_windows(target.stream, target.train_len, ev.windows, ev.seed))
+            rows = prefix_shuffle(model, windows, ev.shuffle, analysis.batch_size, device, ev.seed)
+            shuffle = pd.DataFrame(rows)
         seconds = time.perf_counter() - start
-        stage("evaluate: writing tables, figure and summary")
-        result = result_tables(losses, ev.buckets)
+        stage("evaluate: writing tables, figures and summary")
+        result = result_tables(losses, ev.buckets, shuffle)
         write_result(staging, result, settings, resolve.title(run_dir), seconds)
     typer.echo(f"wrote {out}; see {out / 'summary.md'}")

@@ -134,6 +134,12 @@ EXPERIMENTS = {
                 resumable=True,
                 options=("sizes", "corpus"),
             ),
+            "mask": Part(
+                "haviv2022.mask",
+                "causal and masked LMs, NoPE and learned: the mask as the source of position",
+                resumable=True,
+                options=("corpus",),
+            ),
         },
         "pretrained",
     ),

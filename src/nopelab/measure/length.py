@@ -201,23 +201,27 @@ class LengthResult:
 
     positions: pd.DataFrame  # loss_by_position.parquet
     perplexity: pd.DataFrame  # perplexity.parquet
+    shuffle: pd.DataFrame | None = None  # shuffle.parquet (--shuffle): measure/shuffle.py's rows
 
 
-def result_tables(losses: Mapping[LengthPlan, PositionLoss], buckets: int) -> LengthResult:
-    """The tables of :class:`LengthResult` from the per-position losses of every length."""
+def result_tables(
+    losses: Mapping[LengthPlan, PositionLoss], buckets: int, shuffle: pd.DataFrame | None = None
+) -> LengthResult:
+    """The tables of :class:`LengthResult` from the per-position losses of every length (and
+    the prefix shuffle's rows, if measured)."""
     positions, lengths = [], []
     for plan, loss in losses.items():
         where = {"length_factor": plan.factor, "length": plan.length}
         positions += [{**where, **row} for row in bucket_rows(loss, buckets)]
         lengths.append({**where, **loss.row()})
-    return LengthResult(pd.DataFrame(positions), pd.DataFrame(lengths))
+    return LengthResult(pd.DataFrame(positions), pd.DataFrame(lengths), shuffle)
 
 
 def write_result(
     out: Path, result: LengthResult, settings: dict[str, Any], title: str, seconds: float
 ) -> None:
-    """Write the tables, ``loss_by_position.png``, ``config.json`` (``settings``) and
-    ``summary.md`` into ``out``."""
+    """Write the tables, ``loss_by_position.png`` (and ``shuffle.png``), ``config.json``
+    (``settings``) and ``summary.md`` into ``out``."""
     from nopelab import plots
     from nopelab.runtime.rundir import environment, write_json
     from nopelab.tables import markdown_table
@@ -232,6 +236,16 @@ def write_result(
     shortest = int(table["length_factor"].iloc[0])
     flat_text = "none" if flat is None else f"{flat:g}x ({round(flat * train_len)} tokens)"
     shown = ", ".join(f"{key} {value}" for key, value in settings.items())
+    shuffled = ""
+    if result.shuffle is not None:
+        result.shuffle.to_parquet(out / "shuffle.parquet", index=False)
+        plots.prefix_shuffle(result.shuffle, out / "shuffle.png", title=f"{title}: prefix shuffle")
+        shuffled = (
+            "## Prefix shuffle\n\nLoss (nats) on the tokens after the first k, with those k "
+            f"tokens in random order and as they were, on windows of {train_len} tokens "
+            "(`shuffle.png`):\n\n"
+            f"{markdown_table(result.shuffle)}\n\n"
+        )
     (out / "summary.md").write_text(
         f"# nopelab evaluate: {title}\n\n"
         f"Held-out loss (nats per token) and perplexity at multiples of the training length "
@@ -240,5 +254,5 @@ def write_result(
         f"**Flat length: {flat_text}**: the longest length up to "
         f"which every evaluated length has a perplexity at most {FLAT_TOLERANCE:.0%} above "
         f"the perplexity at {shortest}x (a lower perplexity counts as flat).\n\n"
-        f"Settings: {shown}.\n"
+        f"{shuffled}Settings: {shown}.\n"
     )

@@ -39,6 +39,11 @@ def native_target(run_dir: Path, asked: dict[str, Any]) -> EvaluationTarget:
             f"run: evaluate needs a language model trained on text; {run_dir} was trained on "
             f"the task {run.task.name}"
         )
+    if run.corpus is not None and run.corpus.objective == "masked":
+        raise UserError(
+            f"run: evaluate measures a causal language model's next-token loss; {run_dir} is a "
+            "masked LM"
+        )
     source = make_source(run, run_dir)
     assert isinstance(source, TextSource)  # a run without a task has a corpus
     cfg, train_len = run.model, run.train.seq_len

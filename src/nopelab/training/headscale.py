@@ -178,6 +178,8 @@ def read_text_run(run_dir: Path) -> TrainRun:
         raise UserError(
             f"run: {run_dir} has per-head scales already; rescale the run it was made from"
         )
+    if run.corpus is not None and run.corpus.objective == "masked":
+        raise UserError(f"run: headscale needs a causal language model; {run_dir} is a masked LM")
     return run
 
 

@@ -132,11 +132,13 @@ def assemble_run(
 
 def data_vocab_size(settings: dict[str, Any]) -> int:
     """The vocabulary the data of a run's settings implies: the task characters, 256 bytes, or
-    the BPE's size (what the model's ``vocab_size`` is when not given)."""
+    the BPE's size, and a masked LM's mask token (what the model's ``vocab_size`` is when not
+    given)."""
     if "task" in settings:
         return len(VOCAB)
     corpus = settings.get("corpus", {})
-    return int(corpus.get("bpe_vocab", 4096)) if corpus.get("tokenizer") == "bpe" else 256
+    tokens = int(corpus.get("bpe_vocab", 4096)) if corpus.get("tokenizer") == "bpe" else 256
+    return tokens + (corpus.get("objective") == "masked")
 
 
 def read_run(out: Path) -> TrainRun:

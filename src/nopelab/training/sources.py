@@ -170,8 +170,25 @@ class TaskSource:
         return {"accuracy": acc, "loss": total / max(count, 1)}
 
 
+def mask_tokens(
+    x: Tensor, rate: float, mask_id: int, vocab: int, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """A masked LM's (input, targets) from token windows ``x`` (B, T), as BERT: each token is
+    hidden with probability ``rate``; a hidden one becomes ``mask_id`` (80 %), a random token of
+    ``0..vocab-1`` (10 %) or stays (10 %), and is the only kind of position with a target (the
+    original token; every other target is ignored)."""
+    hidden = torch.rand(x.shape, generator=generator) < rate
+    draw = torch.rand(x.shape, generator=generator)
+    random = torch.randint(0, vocab, x.shape, generator=generator)
+    idx = torch.where(hidden & (draw < 0.8), mask_id, x)
+    idx = torch.where(hidden & (draw >= 0.8) & (draw < 0.9), random, idx)
+    return idx, torch.where(hidden, x, IGNORE)
+
+
 class TextSource:
-    """A text corpus: random training windows, loss and perplexity on the held-out tail."""
+    """A text corpus: random training windows, loss and perplexity on the held-out tail; a
+    causal LM predicts each next token, a masked LM (``objective = "masked"``) the hidden
+    tokens of each window (its vocabulary gains the mask token, the last id)."""
 
     def __init__(self, cfg: CorpusConfig, eval_tokens: int, tokenizer: Tokenizer | None = None):
         self.cfg = cfg
@@ -181,7 +198,8 @@ class TextSource:
         self.tokenizer = tokenizer or get_tokenizer(  # trained on the training text alone
             cfg.tokenizer, train, cfg.bpe_vocab, bpe_cache_dir(cfg.source)
         )
-        self.vocab_size = self.tokenizer.vocab_size
+        self.masked = cfg.objective == "masked"
+        self.vocab_size = self.tokenizer.vocab_size + self.masked  # a masked LM's mask token
         self.stream = TokenStream(self.tokenizer.encode(train), self.tokenizer.encode(val))
         lengths = self.tokenizer.token_bytes()  # None below: one token per byte, nothing to convert
         self.token_bytes = torch.from_numpy(lengths) if (lengths != 1).any() else None
@@ -190,9 +208,17 @@ class TextSource:
 
     def check_model(self, model: ModelConfig, seq_len: int) -> None:
         if model.vocab_size < self.vocab_size:
+            mask = " and the mask token" if self.masked else ""
             raise ConfigError(
                 "vocab_size",
-                f"the {self.cfg.tokenizer} tokenizer has {self.vocab_size} tokens; got {model.vocab_size}",
+                f"the {self.cfg.tokenizer} tokenizer{mask} take {self.vocab_size} ids; "
+                f"got {model.vocab_size}",
+            )
+        if model.bidirectional and not self.masked:
+            raise ConfigError(
+                "bidirectional",
+                "a bidirectional model sees the next token it would predict; train it as a "
+                "masked LM (--objective masked)",
             )
         if encoding(model.pos_encoding).table:
             if seq_len > model.max_seq_len:
@@ -211,7 +237,15 @@ class TextSource:
     def batch(
         self, batch_size: int, seq_len: int, generator: torch.Generator
     ) -> tuple[Tensor, Tensor]:
-        return self.stream.batch("train", batch_size, seq_len, generator)
+        x, y = self.stream.batch("train", batch_size, seq_len, generator)
+        return self._pair(x, y, generator)
+
+    def _pair(self, x: Tensor, y: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """The model's input and targets for windows ``x`` and their next tokens ``y``."""
+        if not self.masked:
+            return x, y
+        mask_id = self.tokenizer.vocab_size
+        return mask_tokens(x, self.cfg.mask_rate, mask_id, mask_id, generator)
 
     def held_out(self, batch_size: int, seq_len: int, generator: torch.Generator) -> Tensor:
         return self.stream.batch("val", batch_size, seq_len, generator)[0]
@@ -222,7 +256,8 @@ class TextSource:
     ) -> dict[str, float]:
         """Loss and perplexity on held-out windows of the training length, 2x and 4x it; with a
         BPE also the loss per byte of text (``loss_per_byte``, nats), comparable across
-        vocabularies.
+        vocabularies. A masked LM's are over its hidden tokens (the same ones at every
+        evaluation: a fixed generator), each predicted from the rest of its window.
 
         Lengths that a learned position table cannot reach, or that the held-out text is too
         short for, are left out.
@@ -235,14 +270,14 @@ class TextSource:
             windows = max(1, self.eval_tokens // length)
             pairs = list(self.stream.eval_windows("val", length, windows))
             total, count, size = 0.0, 0, 0
+            masks = torch.Generator().manual_seed(0)  # the same hidden tokens every time
             for start in range(0, len(pairs), EVAL_BATCH):
-                x, y = (
-                    torch.stack(t) for t in zip(*pairs[start : start + EVAL_BATCH], strict=True)
-                )
+                inputs, following = zip(*pairs[start : start + EVAL_BATCH], strict=True)
+                x, y = self._pair(torch.stack(inputs), torch.stack(following), masks)
                 loss, n = token_loss(model, x.to(device), y.to(device), autocast)
                 total, count = total + loss, count + n
                 if self.token_bytes is not None:
-                    size += int(self.token_bytes[y].sum())
+                    size += int(self.token_bytes[y[y != IGNORE]].sum())
             suffix = "" if factor == 1 else f"_{factor}x"
             metrics[f"loss{suffix}"] = total / count
             metrics[f"perplexity{suffix}"] = math.exp(min(total / count, 700))

@@ -55,7 +55,11 @@ def test_the_flags_name_the_parts_that_take_them() -> None:
     assert taking("samples") == ["chi2023 --part probe-study"]
     assert taking("sizes") == ["haviv2022 --part sizes"]
     language_models = ["chi2023 --part pretrained", "haviv2022 --part pretrained"]
-    language_models += ["haviv2022 --part sizes", "wang2024 --part lengths"]
+    language_models += [
+        "haviv2022 --part sizes",
+        "haviv2022 --part mask",
+        "wang2024 --part lengths",
+    ]
     assert taking("corpus") == language_models
     assert "chi2023 --part pretrained" in resumable()
     assert "real-model --part smollm2" not in resumable()

@@ -39,7 +39,7 @@ def test_every_scale_file_is_read_by_an_experiment() -> None:
         for f in paper.joinpath("scales").iterdir()
         if f.name.endswith(".toml")
     )
-    assert len(names) == 11
+    assert len(names) == 12
     for paper, part in names:
         source = package.joinpath(paper, f"{part}.py").read_text()
         assert f'read_scales("{paper}.{part}"' in source, (paper, part)
