@@ -161,6 +161,8 @@ BAD_INPUT = {
         ("zuo2025 --part trained-ish", "--part:"),
         ("chi2023 --scale huge", "--scale:"),
         ("chi2023 --device gpu", "--device: unknown device 'gpu'"),
+        ("zuo2025 --part trained --layout diagonal", "--layout: unknown layout 'diagonal'"),
+        ("chi2023 --layout windows", "--layout: only for zuo2025 --part trained"),
         ("chi2023 --seed x", "--seed: input should be a valid integer"),
         ("wang2024 --scale smoke --seed -1", SEED),
         ("chi2023 --part pretrained --seed 9223372036854775808", "--seed: must be an int in 0.."),

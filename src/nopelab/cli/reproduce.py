@@ -15,6 +15,7 @@ from nopelab.cli.app import app
 from nopelab.config import CORPUS_NAMES, MAX_SEED, check_seed, embedded_names
 from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS, Part, named, parts, resumable, taking, with_reuse
+from nopelab.training.task_config import LAYOUTS
 
 SCALES = ("smoke", "small", "medium", "large", "paper")  # in --help's order
 
@@ -116,6 +117,13 @@ def reproduce(
             f"on: {CORPUS_NAMES}, or names joined by + (sotu+default) \\[{_scale_corpora()}]"
         ),
     ] = None,
+    layout: Annotated[
+        str | None,
+        typer.Option(
+            help=f"{', '.join(taking('layout'))}: the task models' rows: {' | '.join(LAYOUTS)} "
+            "(windows: Zuo et al.'s 256-character windows of the shuffled lines) \\[the scale's]"
+        ),
+    ] = None,
 ) -> None:
     """Reproduce a paper's results at a chosen scale, with figures and a markdown summary."""
     from nopelab.runtime import provenance
@@ -154,8 +162,8 @@ def reproduce(
     from nopelab.runtime.device import resolve_device
 
     resolve_device(device)
-    typed = {"samples": samples, "sizes": sizes, "corpus": corpus}  # the parts' flags, as typed
-    parsers = {"samples": _counts, "sizes": _sizes, "corpus": _corpus}
+    typed = {"samples": samples, "sizes": sizes, "corpus": corpus, "layout": layout}  # as typed
+    parsers = {"samples": _counts, "sizes": _sizes, "corpus": _corpus, "layout": _layout}
     options = {k: parsers[k](f"--{k}", v) for k, v in typed.items() if v is not None}
     for name in options:
         if name not in runner.options:
@@ -224,6 +232,13 @@ def _counts(flag: str, text: str) -> tuple[int, ...]:
         raise UserError(
             f"{flag}: expected comma-separated whole numbers like 32,256,1024, got {text!r}"
         ) from None
+
+
+def _layout(flag: str, text: str) -> str:
+    """A task layout's name."""
+    if text not in LAYOUTS:
+        raise UserError(f"{flag}: unknown layout {text!r}; allowed: {', '.join(LAYOUTS)}")
+    return text
 
 
 def _corpus(flag: str, text: str) -> str:

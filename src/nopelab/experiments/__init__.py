@@ -113,14 +113,17 @@ EXPERIMENTS = {
     "zuo2025": Experiment(
         {
             "random-init": Part("zuo2025.random_init", resumable=True),
-            "trained": Part("zuo2025.trained", resumable=True),
-            "probes": Part("zuo2025.probes", resumable=True, reuses_models=True),
+            "trained": Part("zuo2025.trained", resumable=True, options=("layout",)),
+            "probes": Part(
+                "zuo2025.probes", resumable=True, reuses_models=True, options=("layout",)
+            ),
             "mastery": Part(
                 "zuo2025.mastery",
                 "the trained part's models at three seeds, steps to mastery",
                 resumable=True,
                 scale_file="zuo2025.trained",
                 only_scales=("smoke", "small"),  # the scales whose models train to a target
+                options=("layout",),
             ),
         },
         "random-init",

@@ -28,6 +28,7 @@ from nopelab.experiments.zuo2025 import figures, trained
 from nopelab.runtime.jobs import Job, run_jobs
 from nopelab.tables import markdown_table
 from nopelab.training.run import TrainRun
+from nopelab.training.task_config import Layout
 
 SEEDS = 3
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none",)
@@ -41,9 +42,9 @@ class Settings:
     workers: int
 
 
-def settings(scale: str, seed: int, device: str) -> Settings:
+def settings(scale: str, seed: int, device: str, layout: Layout | None = None) -> Settings:
     seeds = tuple(range(seed, seed + SEEDS))
-    by_seed = {s: trained.settings(scale, s, device) for s in seeds}
+    by_seed = {s: trained.settings(scale, s, device, layout) for s in seeds}
     return Settings(seeds, by_seed, by_seed[seed].workers)
 
 

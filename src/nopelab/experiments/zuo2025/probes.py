@@ -40,6 +40,7 @@ from nopelab.runtime.rundir import write_json
 from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training import tasks
 from nopelab.training.run import TrainRun, read_run
+from nopelab.training.task_config import Layout
 from nopelab.training.task_kinds import DIGITS
 from nopelab.training.trained import load_trained
 
@@ -92,8 +93,8 @@ def reuse_models(settings: Settings, models: Path) -> Settings:
     return dataclasses.replace(settings, models=models.absolute())
 
 
-def settings(scale: str, seed: int, device: str) -> Settings:
-    trained = zuo2025_trained.settings(scale, seed, device)
+def settings(scale: str, seed: int, device: str, layout: Layout | None = None) -> Settings:
+    trained = zuo2025_trained.settings(scale, seed, device, layout)
     resolve_device(device)
     runs = {task: run for (task, pe), run in trained.runs.items() if pe == "none"}
     stages = {task: trained.stages[task, "none"] for task in runs}

@@ -48,6 +48,7 @@ from nopelab.training.tasks import max_line_len, max_prompt_len
 TASKS: tuple[Task, ...] = ("add", "reverse", "order", "wherex")
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "rope")
 SITES: tuple[Site, ...] = ("attn_heads", "attn_out", "resid_post")
+WINDOW = 256  # Zuo et al.'s training window (characters) for the windows layout
 ZUO_LENGTHS = {"add": 3, "reverse": 16, "order": 5, "wherex": 9}  # max_len of Zuo's data
 
 
@@ -105,9 +106,19 @@ def task_config(scale: Scale, task: Task) -> TaskConfig:
 def train_config(
     scale: Scale, task_cfg: TaskConfig, steps: int, seed: int, device: str
 ) -> TrainConfig:
-    """The CPU recipe (or the scale's) for ``steps`` steps on lines of ``task_cfg``."""
+    """The CPU recipe (or the scale's) for ``steps`` steps on lines of ``task_cfg``: a row is
+    the longest line unless the scale says otherwise, or with the ``windows`` layout Zuo et
+    al.'s window of :data:`WINDOW` characters, as many rows a step as give the padded recipe's
+    characters a step."""
+    line = max_line_len(task_cfg)
+    shape: dict[str, Any] = {"seq_len": line}
+    if task_cfg.layout == "windows" and "seq_len" not in scale.train:
+        rows = max(
+            1, round(scale.train.get("batch_size", TrainConfig().batch_size) * line / WINDOW)
+        )
+        shape = {"seq_len": WINDOW, "batch_size": rows}
     return TrainConfig(
-        **{"seq_len": max_line_len(task_cfg), **scale.train},
+        **{**scale.train, **shape},
         steps=steps,
         eval_every=scale.eval_every or max(1, steps // 10),
         checkpoint_every=max(1, steps // 10),
@@ -117,8 +128,11 @@ def train_config(
     )
 
 
-def settings(scale_name: str, seed: int, device: str) -> Settings:
+def settings(scale_name: str, seed: int, device: str, layout: Layout | None = None) -> Settings:
+    """``layout``: the rows the models train on (``--layout``), the scale's unless given."""
     scale = SCALES[scale_name]
+    if layout is not None:
+        scale = replace(scale, layout=layout)
     resolve_device(device)
     runs: dict[tuple[str, str], TrainRun] = {}
     stages: dict[tuple[str, str], tuple[TrainRun, ...]] = {}
@@ -277,6 +291,7 @@ def summary_text(settings: Settings, accuracy: pd.DataFrame, scores: pd.DataFram
         init=m.init,
         batch_size=t.batch_size,
         layout=task_cfg.layout,
+        seq_len=t.seq_len,
         loss_mode=task_cfg.loss_mode,
         lr=f"{t.lr:g}",
         warmup=t.warmup,
