@@ -14,7 +14,7 @@ import string
 from dataclasses import dataclass
 from typing import ClassVar, Literal, get_args
 
-Task = Literal["add", "reverse", "order", "wherex", "copy", "count"]
+Task = Literal["add", "reverse", "order", "wherex", "copy", "count", "sort", "sum", "parity"]
 MAX_LEN = 1024  # the longest operand a task allows unless it says otherwise
 DIGITS = string.digits
 LETTERS = string.ascii_lowercase
@@ -258,6 +258,57 @@ class Count(_Letters):
     def example(self, operands: Operands, fmt: str, reversed_answer: bool = False) -> Example:
         (letters,) = operands
         return Example(f"count({letters})=", str(len(letters)))
+
+
+@task
+class Sort(_Letters):
+    """``sort(cab)=abc``: the letters in alphabetical order (Kazemnejad et al.'s sorting)."""
+
+    name = "sort"
+
+    def example(self, operands: Operands, fmt: str, reversed_answer: bool = False) -> Example:
+        (letters,) = operands
+        return Example(f"sort({letters})=", "".join(sorted(letters)))
+
+
+class _Symbols(TaskKind):
+    """A task on a string of symbols drawn from ``alphabet``."""
+
+    alphabet: ClassVar[str]
+    plain_lengths = (1, 16)
+
+    def draw_plain(self, k: int, rng: random.Random) -> Operands:
+        return ("".join(rng.choices(self.alphabet, k=k)),)
+
+    def longest(self, k: int) -> Operands:
+        return (self.alphabet[-1] * k,)
+
+    def count(self, fmt: str, k: int) -> int:
+        return len(self.alphabet) ** k
+
+
+@task
+class Sum(_Symbols):
+    """``sum(3141)=9``: the digits' sum modulo 10 (Kazemnejad et al.'s summation)."""
+
+    name = "sum"
+    alphabet = DIGITS
+
+    def example(self, operands: Operands, fmt: str, reversed_answer: bool = False) -> Example:
+        (digits,) = operands
+        return Example(f"sum({digits})=", str(sum(map(int, digits)) % 10))
+
+
+@task
+class Parity(_Symbols):
+    """``parity(1011)=1``: whether the bit string holds an odd number of ones."""
+
+    name = "parity"
+    alphabet = "01"
+
+    def example(self, operands: Operands, fmt: str, reversed_answer: bool = False) -> Example:
+        (bits,) = operands
+        return Example(f"parity({bits})=", str(bits.count("1") % 2))
 
 
 if set(TASK_KINDS) != set(get_args(Task)):

@@ -43,6 +43,9 @@ PROMPTS = {
     "wherex": re.compile(r"wherex\((\d+),(\d)\)="),
     "copy": re.compile(r"copy\(([a-z]+)\)="),
     "count": re.compile(r"count\(([a-z]+)\)="),
+    "sort": re.compile(r"sort\(([a-z]+)\)="),
+    "sum": re.compile(r"sum\((\d+)\)="),
+    "parity": re.compile(r"parity\(([01]+)\)="),
 }
 
 
@@ -93,11 +96,14 @@ def solve(name: str, prompt: str, reversed_answer: bool = False) -> tuple[str, i
         assert query in first
         return str(first.find(query)), len(first)
     answers = {
-        "reverse": "".join(reversed(first)),
-        "copy": first,
-        "count": str(sum(1 for _ in first)),
+        "reverse": lambda: "".join(reversed(first)),
+        "copy": lambda: first,
+        "count": lambda: str(sum(1 for _ in first)),
+        "sort": lambda: "".join(sorted(first, key=ord)),
+        "sum": lambda: str(sum(int(d) for d in first) % 10),
+        "parity": lambda: "1" if first.count("1") % 2 else "0",
     }
-    return answers[name], len(first)
+    return answers[name](), len(first)
 
 
 def check_examples(cfg: TaskConfig, examples: list[Example], lengths: tuple[int, int]) -> None:
@@ -159,6 +165,9 @@ def test_solver_agrees_with_the_documented_examples() -> None:
     assert solve("wherex", "wherex(1845124,4)=") == ("2", 7)
     assert solve("copy", "copy(hello)=") == ("hello", 5)
     assert solve("count", "count(hello)=") == ("5", 5)
+    assert solve("sort", "sort(hello)=") == ("ehllo", 5)
+    assert solve("sum", "sum(3141)=") == ("9", 4)
+    assert solve("parity", "parity(1011)=") == ("1", 4)
 
 
 @pytest.mark.parametrize("cfg", VARIANTS, ids=VARIANT_IDS)
@@ -190,6 +199,9 @@ def test_max_lengths_are_reached(cfg: TaskConfig) -> None:
         "wherex": f"wherex({'1' * (k - 1)}2,2)=",
         "copy": f"copy({'a' * k})=",
         "count": f"count({'a' * k})=",
+        "sort": f"sort({'a' * k})=",
+        "sum": f"sum({'9' * k})=",
+        "parity": f"parity({'1' * k})=",
     }[cfg.name]
     if cfg.resolved_format == "zuo":
         longest = "$" * (cfg.name == "add") + longest
@@ -220,6 +232,8 @@ def test_random_configs_give_right_examples(
 ) -> None:
     lo, hi = lengths
     fmt = "zuo" if zuo and name in ZUO_TASKS else "plain"
+    if name == "parity":  # 2^k bit strings: from 8 bits on, plenty beside the training ones
+        test_lengths = [k + 4 for k in test_lengths]
     cfg = TaskConfig(
         name=name,
         format=fmt,
@@ -333,7 +347,7 @@ def test_drawing_gives_up_instead_of_looping_forever(monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"name": "sort"}, "task"),
+        ({"name": "multiply"}, "task"),
         ({"min_len": 3, "max_len": 2}, "min_len"),
         ({"min_len": 4}, "min_len"),  # above the default max_len of add
         ({"test_min_len": 9}, "test_min_len"),
