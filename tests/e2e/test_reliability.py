@@ -83,6 +83,7 @@ BAD_INPUT = {
         ("--corpus default --objective guess", "--objective: unknown value 'guess'"),
         ("--corpus default --objective masked --mask-rate 1", "--mask-rate: must be in (0, 1)"),
         ("--corpus default --bidirectional", "--bidirectional: a bidirectional model sees the"),
+        ("--corpus default --objective masked", "--objective: a masked LM attends both ways"),
         ("--task copy --init-from no/such/run", "--init-from: "),
         ("--task copy --init-from RUN", "the model settings must be the same"),
         (

@@ -69,8 +69,12 @@ def parse_scales(text: str, file: str, schema: type[T]) -> dict[str, T]:
         where = f"{file} [{scale}]"
         if not isinstance(table, dict):
             raise ValueError(f"{where}: expected a table of settings")
+        try:
+            data = json.dumps(table)
+        except TypeError:  # a TOML date or time: no setting is one
+            raise ValueError(f"{where}: a date or time is no setting") from None
         try:  # strict JSON validation: a TOML table is JSON data; no value is coerced
-            scales[scale] = adapter.validate_json(json.dumps(table), strict=True)
+            scales[scale] = adapter.validate_json(data, strict=True)
         except ValidationError as exc:
             error = exc.errors()[0]
             key = ".".join(str(part) for part in error["loc"])

@@ -2,11 +2,11 @@
 window rises when the order of its first ``k`` tokens is destroyed.
 
 For each ``k``, every window's first ``k`` tokens are permuted at random (each window its own
-permutation) and the loss is taken on the tokens that follow the prefix (the targets at
-positions ``k - 1`` onwards: the first suffix token, predicted after the shuffled prefix, and
-everything after it), beside the loss on the same targets of the window as it was. ``k`` = 0
-and ``k`` = 1 permute nothing and equal the unshuffled loss. A model that reads order from its
-context pays for the shuffle; one that treats its context as a bag of tokens does not.
+permutation, drawn from ``seed`` and ``k`` alone) and the loss is taken on the targets at
+positions ``k`` onwards (each predicted from an input token outside the prefix), beside the
+loss on the same targets of the window as it was. ``k`` = 0 and ``k`` = 1 permute nothing. A
+model that reads order from its context pays for the shuffle; one that reads its context as a
+bag of tokens beside the current one does not.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -31,9 +32,8 @@ def shuffled(
 
 
 def suffix_loss(loss: PositionLoss, k: int) -> float:
-    """Mean loss over the targets that follow a prefix of ``k`` tokens: positions ``k - 1`` on."""
-    first = max(k - 1, 0)
-    return float(loss.total[first:].sum() / loss.count[first:].sum())
+    """Mean loss over the targets after a prefix of ``k`` tokens: positions ``k`` on."""
+    return float(loss.total[k:].sum() / loss.count[k:].sum())
 
 
 @torch.no_grad()
@@ -45,27 +45,28 @@ def prefix_shuffle(
     device: torch.device,
     seed: int,
 ) -> list[dict[str, Any]]:
-    """One row per prefix length ``k``: the suffix loss with the prefix shuffled (``loss``) and
-    as it was (``unshuffled_loss``), their difference (``rise``) and the suffix's ``tokens``."""
+    """One row per prefix length ``k``: the loss on the targets from position ``k`` on with the
+    prefix shuffled (``loss``) and as it was (``unshuffled_loss``), their difference (``rise``)
+    and those targets' count (``tokens``)."""
     length = len(windows[0][0])
     if any(not 0 <= k < length for k in ks):
         raise ValueError(f"prefix lengths must be in 0..{length - 1}, got {list(ks)}")
-    generator = torch.Generator().manual_seed(seed)
     plain = position_loss(model, windows, length, batch_size, device)
     rows = []
     for k in ks:
+        state = np.random.SeedSequence([seed, k]).generate_state(1)[0]
+        generator = torch.Generator().manual_seed(int(state))
         shuffled_loss = position_loss(
             model, shuffled(windows, k, generator), length, batch_size, device
         )
         before, after = suffix_loss(plain, k), suffix_loss(shuffled_loss, k)
-        first = max(k - 1, 0)
         rows.append(
             {
                 "k": k,
                 "loss": after,
                 "unshuffled_loss": before,
                 "rise": after - before,
-                "tokens": int(plain.count[first:].sum()),
+                "tokens": int(plain.count[k:].sum()),
             }
         )
     return rows

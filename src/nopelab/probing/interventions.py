@@ -57,7 +57,7 @@ from nopelab.config import (
     build,
     check_sections,
 )
-from nopelab.errors import ConfigError
+from nopelab.errors import ConfigError, UserError
 from nopelab.extras import need
 from nopelab.limits import check_interventions
 from nopelab.measure.analysis import input_batches
@@ -266,6 +266,10 @@ def run_interventions(
     if probe.split != "sequences":
         raise ConfigError("split", "interventions probe held-out sequences; use split sequences")
     run, model = load_trained(run_dir)
+    if run.corpus is not None and run.corpus.objective == "masked":
+        raise UserError(
+            f"run: interventions measure a causal model's behaviour; {run_dir} is a masked LM"
+        )
     analysis.check_model(run.model)
     L = run.model.n_layers
     layers = cfg.layers or ((0,) if cfg.site == "embed" else tuple(range(1, L + 1)))

@@ -176,8 +176,12 @@ def mask_tokens(
     """A masked LM's (input, targets) from token windows ``x`` (B, T), as BERT: each token is
     hidden with probability ``rate``; a hidden one becomes ``mask_id`` (80 %), a random token of
     ``0..vocab-1`` (10 %) or stays (10 %), and is the only kind of position with a target (the
-    original token; every other target is ignored)."""
+    original token; every other target is ignored). A window with no hidden token gets one, at
+    a random position, so that no batch is without a loss."""
     hidden = torch.rand(x.shape, generator=generator) < rate
+    one = torch.randint(0, x.shape[-1], x.shape[:-1], generator=generator)  # for a window with none
+    none = ~hidden.any(-1)
+    hidden[none, one[none]] = True
     draw = torch.rand(x.shape, generator=generator)
     random = torch.randint(0, vocab, x.shape, generator=generator)
     idx = torch.where(hidden & (draw < 0.8), mask_id, x)
@@ -213,12 +217,6 @@ class TextSource:
                 "vocab_size",
                 f"the {self.cfg.tokenizer} tokenizer{mask} take {self.vocab_size} ids; "
                 f"got {model.vocab_size}",
-            )
-        if model.bidirectional and not self.masked:
-            raise ConfigError(
-                "bidirectional",
-                "a bidirectional model sees the next token it would predict; train it as a "
-                "masked LM (--objective masked)",
             )
         if encoding(model.pos_encoding).table:
             if seq_len > model.max_seq_len:

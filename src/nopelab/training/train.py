@@ -47,7 +47,7 @@ from nopelab.config import (
     TrainConfig,
     first_difference,
 )
-from nopelab.errors import RunFailed, UserError, first_line
+from nopelab.errors import ConfigError, RunFailed, UserError, first_line
 from nopelab.limits import check_training, parameter_count
 from nopelab.models.transformer import Transformer
 from nopelab.plots import training_curves
@@ -268,6 +268,23 @@ def stopped_before_checkpoint(out: Path) -> bool:
 # ------------------------------------------------------------------------ training
 
 
+def check_objective(run: TrainRun) -> None:
+    """A text run's attention fits what it learns: a causal LM masks the future (a bidirectional
+    one would see the token it predicts), a masked LM is bidirectional (a causal one would be
+    exported as a causal LM with a mask token)."""
+    if run.corpus is None:
+        return
+    masked = run.corpus.objective == "masked"
+    if run.model.bidirectional and not masked:
+        raise ConfigError(
+            "bidirectional",
+            "a bidirectional model sees the next token it would predict; train it as a masked "
+            "LM (--objective masked)",
+        )
+    if masked and not run.model.bidirectional:
+        raise ConfigError("objective", "a masked LM attends both ways: add --bidirectional")
+
+
 def train(
     run: TrainRun,
     out: Path,
@@ -290,6 +307,7 @@ def train(
     line per evaluation). ``figures=False`` skips ``training.png`` (a sweep's cells).
     """
     check_training(run.model, run.train.batch_size, run.train.seq_len)
+    check_objective(run)
     check_path(out)
     out = out.expanduser().absolute()
     summary_writer = _summary_writer_class() if tensorboard else None

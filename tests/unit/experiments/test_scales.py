@@ -74,6 +74,7 @@ GOOD = "[a]\nwidth = 1\ninner = {depth = 2}\n"
         ("[a]\nwidth = true\ninner = {depth = 2}\n", "[a]: width: Input should be a valid integer"),
         (GOOD + "widths = [1, 2.5]\n", "[a]: widths.1: Input should be a valid integer"),
         (GOOD + 'kind = "c"\n', "[a]: kind: Input should be 'a' or 'b'"),
+        (GOOD + "widths = 1979-05-27\n", "[a]: a date or time is no setting"),
         ('[a]\nwidth = 1\ninner = {depth = 2, rate = "x"}\n', "[a]: inner.rate: Input should be"),
     ],
 )

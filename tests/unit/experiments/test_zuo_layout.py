@@ -37,3 +37,8 @@ def test_the_parts_built_on_the_trained_models_take_the_layout() -> None:
     assert trained.settings("small", 0, "cpu", layout="padded") == trained.settings(
         "small", 0, "cpu"
     )
+
+
+def test_a_scale_that_names_its_row_length_keeps_it() -> None:
+    paper = trained.settings("paper", 0, "cpu")  # Zuo's own recipe: windows of 256, batch 256
+    assert {(r.train.seq_len, r.train.batch_size) for r in paper.runs.values()} == {(256, 256)}

@@ -14,7 +14,7 @@ V, T, N = 11, 12, 20
 
 class Bag(nn.Module):
     """Causal and blind to order: each position's logits depend on the multiset of the tokens up
-    to it (a running count of each token)."""
+    to it (a running count of each token) and on its own token."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -23,8 +23,9 @@ class Bag(nn.Module):
         nn.init.normal_(self.out.weight)
 
     def forward(self, idx: Tensor) -> Tensor:
-        counts = torch.nn.functional.one_hot(idx, V).double().cumsum(1)  # exact in float64
-        return self.out(counts.float())
+        own = torch.nn.functional.one_hot(idx, V).double()
+        counts = own.cumsum(1)  # exact in float64
+        return self.out(counts.float()) + 3 * own.float()
 
 
 class CountFromFirst(nn.Module):
@@ -63,14 +64,14 @@ def test_no_prefix_to_shuffle_is_the_plain_loss_on_every_token() -> None:
     rows = prefix_shuffle(Bag(), windows(), [0, 1], 8, torch.device("cpu"), 0)
     for row in rows:
         assert row["loss"] == row["unshuffled_loss"] and row["rise"] == 0
-        assert row["tokens"] == N * T
+        assert row["tokens"] == N * (T - row["k"])
 
 
 def test_a_bag_of_tokens_model_pays_nothing_for_the_shuffle() -> None:
     rows = prefix_shuffle(Bag(), windows(), [0, 4, 8, 11], 8, torch.device("cpu"), 0)
     for row in rows:
         assert row["rise"] == pytest.approx(0, abs=1e-5)
-        assert row["tokens"] == N * (T - max(row["k"] - 1, 0))
+        assert row["tokens"] == N * (T - row["k"])
 
 
 def test_an_order_reading_model_loses_with_the_shuffle() -> None:
@@ -78,13 +79,21 @@ def test_an_order_reading_model_loses_with_the_shuffle() -> None:
     rows = {r["k"]: r for r in prefix_shuffle(model, pairs, [0, 6, 11], 8, torch.device("cpu"), 0)}
     assert rows[0]["loss"] < 1e-3  # it knows the sequence
     assert rows[6]["rise"] > 5 and rows[11]["rise"] > 5  # most shuffles move the first token
-    # the unshuffled loss after the prefix, by hand: positions k - 1 on
+    # the unshuffled loss after the prefix, by hand: positions k on
     with torch.no_grad():
         x, y = (torch.stack(t) for t in zip(*pairs, strict=True))
         loss = nn.functional.cross_entropy(
             model(x).flatten(0, 1), y.flatten(), reduction="none"
         ).view(N, T)
-    assert rows[6]["unshuffled_loss"] == pytest.approx(float(loss[:, 5:].mean()), rel=1e-6)
+    assert rows[6]["unshuffled_loss"] == pytest.approx(float(loss[:, 6:].mean()), rel=1e-6)
+
+
+def test_a_prefix_length_shuffles_alike_whatever_else_is_asked() -> None:
+    alone = prefix_shuffle(CountFromFirst(), counting(), [8], 8, torch.device("cpu"), 0)[0]
+    among = prefix_shuffle(CountFromFirst(), counting(), [0, 4, 8, 11], 8, torch.device("cpu"), 0)[
+        2
+    ]
+    assert alone == among
 
 
 def test_a_prefix_as_long_as_the_window_is_refused() -> None:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nopelab.config import CorpusConfig, ModelConfig
+from nopelab.config import CorpusConfig, ModelConfig, TrainConfig
 from nopelab.errors import ConfigError
-from nopelab.training.run import data_vocab_size
+from nopelab.training.run import TrainRun, data_vocab_size
 from nopelab.training.sources import IGNORE, TextSource, mask_tokens
+from nopelab.training.train import check_objective
 
 
 def test_masking_hides_the_rate_and_splits_80_10_10() -> None:
@@ -50,11 +51,27 @@ def test_a_masked_lm_needs_the_mask_token_and_a_causal_lm_cannot_see_ahead() -> 
     with pytest.raises(ConfigError, match="tokenizer and the mask token take 257 ids; got 256"):
         masked.check_model(ModelConfig(vocab_size=256, bidirectional=True), 32)
     masked.check_model(ModelConfig(vocab_size=257, bidirectional=True), 32)
-    causal = TextSource(CorpusConfig(), eval_tokens=256)
-    with pytest.raises(ConfigError, match="sees the next token it would predict"):
-        causal.check_model(ModelConfig(vocab_size=256, bidirectional=True), 32)
     assert data_vocab_size({"corpus": {"objective": "masked"}}) == 257
     assert data_vocab_size({"corpus": {"tokenizer": "bpe", "bpe_vocab": 512}}) == 512
+
+
+def test_a_run_attends_as_its_objective_needs() -> None:
+    def run(objective: str, bidirectional: bool) -> TrainRun:
+        model = ModelConfig(vocab_size=257, bidirectional=bidirectional)
+        return TrainRun(model=model, train=TrainConfig(), corpus=CorpusConfig(objective=objective))
+
+    with pytest.raises(ConfigError, match="sees the next token it would predict"):
+        check_objective(run("next", True))
+    with pytest.raises(ConfigError, match="a masked LM attends both ways"):
+        check_objective(run("masked", False))
+    check_objective(run("next", False))
+    check_objective(run("masked", True))
+
+
+def test_every_window_hides_a_token_even_at_a_tiny_rate() -> None:
+    x = torch.randint(0, 256, (500, 8), generator=torch.Generator().manual_seed(0))
+    _, targets = mask_tokens(x, 0.001, 256, 256, torch.Generator().manual_seed(1))
+    assert ((targets != IGNORE).sum(1) >= 1).all()
 
 
 def test_the_mask_rate_is_a_share() -> None:

@@ -106,6 +106,9 @@ def settings(scale: str, seed: int, device: str, corpus: str | None = None) -> S
     s = SCALES[scale]
     corpus = s.corpus if corpus is None else corpus
     resolve_device(device)
+    seq_len = s.train["seq_len"]
+    if not s.shuffle or list(s.shuffle) != sorted(set(s.shuffle)) or s.shuffle[-1] >= seq_len:
+        raise ValueError(f"haviv2022/scales/mask.toml [{scale}]: shuffle: increasing, < {seq_len}")
     models = []
     for offset in range(s.seeds):
         causal = lm_runs(POS_ENCODINGS, s.model, s.train, seed + offset, device, corpus=corpus)
@@ -119,7 +122,6 @@ def settings(scale: str, seed: int, device: str, corpus: str | None = None) -> S
                 ),
             )
             models.append(Model("mlm", pe, seed + offset, masked))
-    seq_len = s.train["seq_len"]
     analysis = AnalysisConfig(
         seq_len=seq_len, samples=s.samples, batch_size=16, input="data", seed=seed, device=device
     )
@@ -309,6 +311,6 @@ def summary_text(
         variance_table=markdown_table(_by_model(trained, "variance_ratio", 2)),
         adjacency_table=markdown_table(_by_model(trained, "adjacency")),
         shuffle_windows=s.shuffle_windows,
-        shuffle_table=markdown_table(shuffled, ".3f") if len(shuffled) else "",
+        shuffle_table=markdown_table(shuffled, ".3f"),
         verdict=verdict,
     )

@@ -111,12 +111,12 @@ def train_config(
     al.'s window of :data:`WINDOW` characters, as many rows a step as give the padded recipe's
     characters a step."""
     line = max_line_len(task_cfg)
-    shape: dict[str, Any] = {"seq_len": line}
-    if task_cfg.layout == "windows" and "seq_len" not in scale.train:
-        rows = max(
-            1, round(scale.train.get("batch_size", TrainConfig().batch_size) * line / WINDOW)
-        )
-        shape = {"seq_len": WINDOW, "batch_size": rows}
+    shape: dict[str, Any] = {}  # the scale's seq_len stands
+    if "seq_len" not in scale.train:
+        shape = {"seq_len": line}
+        if task_cfg.layout == "windows":
+            batch = scale.train.get("batch_size", TrainConfig().batch_size)
+            shape = {"seq_len": WINDOW, "batch_size": max(1, round(batch * line / WINDOW))}
     return TrainConfig(
         **{**scale.train, **shape},
         steps=steps,
