@@ -23,17 +23,17 @@ def test_kazemnejad2023_smoke_and_its_resume(
     reproduce(["kazemnejad2023", "--out", str(out)], monkeypatch)
     assert_matches_reference(out, "kazemnejad2023-tasks")
     scale = SCALES["smoke"]
-    tasks = list(scale["max_len"])
+    tasks = list(scale.max_len)
     table = pd.read_parquet(out / "accuracy.parquet")
     assert table.groupby(["task", "pos_encoding", "seed", "length"]).size().eq(1).all()
     for (task, _), rows in table.groupby(["task", "pos_encoding"]):  # every length, once
-        assert list(rows["length"]) == list(range(1, STRETCH * scale["max_len"][task] + 1))
+        assert list(rows["length"]) == list(range(1, STRETCH * scale.max_len[task] + 1))
     assert len(table.groupby(["task", "pos_encoding"])) == len(tasks) * len(POS_ENCODINGS)
     assert table["accuracy"].between(0, 1).all()
-    assert (table["max_len"] == table["task"].map(scale["max_len"])).all()
+    assert (table["max_len"] == table["task"].map(scale.max_len)).all()
     assert (table["in_distribution"] == (table["length"] <= table["max_len"])).all()
-    assert (table["instances"] <= scale["per_length"]).all() and (table["instances"] > 0).all()
-    assert (table.loc[table["length"] > 2, "instances"] == scale["per_length"]).all()
+    assert (table["instances"] <= scale.per_length).all() and (table["instances"] > 0).all()
+    assert (table.loc[table["length"] > 2, "instances"] == scale.per_length).all()
     assert (table.loc[~table["in_distribution"], "seen"] == 0).all()  # longer than any trained
     ranks = pd.read_parquet(out / "ranks.parquet")
     assert len(ranks) == len(tasks) * len(POS_ENCODINGS)
@@ -43,7 +43,7 @@ def test_kazemnejad2023_smoke_and_its_resume(
     assert list(mrr["pos_encoding"]) == list(POS_ENCODINGS)
     assert mrr["published_mrr"].tolist() == [0.69, 0.22, 0.22, 0.33, 0.50, 0.55]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["max_len"] == scale["max_len"] and summary["stretch"] == STRETCH
+    assert summary["max_len"] == scale.max_len and summary["stretch"] == STRETCH
     text = (out / "summary.md").read_text()
     assert "Does NoPE generalise best here?" in text and "| T5 bias |" in text
     assert (out / "accuracy_by_length.png").stat().st_size > 0

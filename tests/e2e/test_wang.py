@@ -40,7 +40,7 @@ def test_wang2024_smoke_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert run["seconds"] > 0 and run["cores"] == os.cpu_count() and run["cpu"]
     scale = SCALES["smoke"]
     models = ["lm-none-seed0", "lm-rope-seed0"]
-    fixes = ["none", *(f"uniform {c:g}" for c in scale["uniform"]), "headscale"]
+    fixes = ["none", *(f"uniform {c:g}" for c in scale.uniform), "headscale"]
 
     ppl = pd.read_parquet(out / "perplexity.parquet")
     keys = set(zip(ppl["model"], ppl["fix"], ppl["length_factor"], strict=True))
@@ -59,7 +59,7 @@ def test_wang2024_smoke_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert rows["tokens"].sum() > 0
 
     mechanisms = pd.read_parquet(out / "mechanisms.parquet")
-    layers = range(1, scale["model"]["n_layers"] + 1)
+    layers = range(1, scale.model["n_layers"] + 1)
     measures = ["entropy", "variance", "adjacency"]
     columns = ["model", "length_factor", "layer", "measure"]
     found = set(mechanisms[columns].itertuples(index=False, name=None))
