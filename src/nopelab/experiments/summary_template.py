@@ -51,11 +51,15 @@ def sentence(name: str, macro: str) -> Callable[..., str]:
     return lambda *args: str(found(*args))
 
 
+def source(name: str) -> str:
+    """The text of the template ``PAPER.NAME``."""
+    env = environment()
+    return env.loader.get_source(env, name)[0]  # type: ignore[union-attr]
+
+
 def placeholders(name: str) -> set[str]:
     """The values the template ``PAPER.NAME`` takes from its caller."""
-    env = environment()
-    source = env.loader.get_source(env, name)[0]  # type: ignore[union-attr]
-    return meta.find_undeclared_variables(env.parse(source))
+    return meta.find_undeclared_variables(environment().parse(source(name)))
 
 
 def shape_values(model: ModelConfig) -> dict[str, object]:

@@ -17,6 +17,7 @@ from nopelab.experiments.summary_template import (
     placeholders,
     schedule_values,
     shape_values,
+    source,
 )
 from nopelab.training.run import TrainRun
 
@@ -110,13 +111,8 @@ def test_every_sentence_macro_is_called_and_every_call_finds_its_macro() -> None
         module = environment().get_template(name).module
         defined = {m for m in dir(module) if not m.startswith("_")}
         called = {macro for n, macro in calls if n == name}
-        used_inside = {m for m in defined if source_of(name).count(f"{m}(") > 1}  # by another
+        used_inside = {m for m in defined if source(name).count(f"{m}(") > 1}  # by another
         assert called <= defined and defined <= called | used_inside, name
-
-
-def source_of(name: str) -> str:
-    env = environment()
-    return env.loader.get_source(env, name)[0]  # type: ignore[union-attr]
 
 
 def test_a_missing_value_raises() -> None:

@@ -25,9 +25,9 @@ import numpy as np
 import pandas as pd
 
 from nopelab import plots
-from nopelab.config import AnalysisConfig, CorpusConfig, PosEncoding, Probe, ProbeConfig, Site
+from nopelab.config import AnalysisConfig, CorpusConfig, PosEncoding, Probe, ProbeConfig
 from nopelab.encodings import labels_of
-from nopelab.experiments.haviv2022.pretrained import random_baseline
+from nopelab.experiments.haviv2022.pretrained import SITES, ProbeScale, random_baseline
 from nopelab.experiments.outputs import gather, model_file, write_outputs
 from nopelab.experiments.scale_files import read_published, read_scales, scale_schema
 from nopelab.experiments.summary_template import corpus_values, fill, schedule_values, shape_values
@@ -53,15 +53,7 @@ POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned")
 LABELS = labels_of(POS_ENCODINGS)
 KINDS = {"causal": "causal LM", "mlm": "masked LM"}  # the two objectives, as tables name them
 PROBE: Probe = "mlp-cls"  # Haviv's probe
-SITES: tuple[Site, ...] = ("embed", "resid_post")
 PUBLISHED = read_published("haviv2022")["masked"]
-
-
-@scale_schema
-class ProbeScale:
-    samples: int  # held-out text windows probed
-    epochs: int
-    batch_size: int
 
 
 @scale_schema
