@@ -103,3 +103,44 @@ def test_the_code_layout_names_every_module() -> None:
         if not any(name in layout for name in names):
             missing.append(str(path.relative_to(package)))
     assert not missing, f"docs/contributing.md's code layout does not name {missing}"
+
+
+def fenced(page: Path, language: str) -> list[str]:
+    """The fenced ``language`` blocks of a Markdown page."""
+    return re.findall(rf"^```{language}\n(.*?)^```", page.read_text(), re.S | re.M)
+
+
+def test_the_cluster_blocks_of_the_sweeps_page_are_well_formed(tmp_path: Path) -> None:
+    """The SLURM script is valid bash; the KubeRay manifest is a RayCluster whose fields have
+    the types KubeRay's resource takes (``rayStartParams`` values are strings, counts integers),
+    with a head that runs no cells and the Ray Client port open."""
+    import yaml
+
+    page = ROOT / "docs" / "sweeps.md"
+    (slurm,) = [b for b in fenced(page, "bash") if "#SBATCH" in b]
+    script = tmp_path / "sweep.sbatch"
+    script.write_text(slurm)
+    done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert '--address "$head_ip:6379"' in slurm
+
+    (manifest,) = [yaml.safe_load(b) for b in fenced(page, "yaml")]
+    assert (manifest["apiVersion"], manifest["kind"]) == ("ray.io/v1", "RayCluster")
+    spec = manifest["spec"]
+    head, workers = spec["headGroupSpec"], spec["workerGroupSpecs"]
+    assert head["rayStartParams"] == {"num-cpus": "0"}
+    for group in [head, *workers]:
+        assert all(isinstance(v, str) for v in group["rayStartParams"].values())
+        (container,) = group["template"]["spec"]["containers"]
+        assert isinstance(container["name"], str) and isinstance(container["image"], str)
+        for side in ("requests", "limits"):
+            assert set(container["resources"][side]) == {"cpu", "memory"}
+    ports = {
+        p["name"]: p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]
+    }
+    assert ports == {"gcs": 6379, "client": 10001}
+    for group in workers:
+        assert isinstance(group["groupName"], str)
+        assert all(isinstance(group[k], int) for k in ("replicas", "minReplicas", "maxReplicas"))
+    (apply,) = [b for b in fenced(page, "bash") if "kubectl apply" in b]
+    assert f"service/{manifest['metadata']['name']}-head-svc 10001:10001" in apply

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -114,6 +115,63 @@ def test_ddp_matches_one_process_on_the_same_global_batch(tmp_path: Path) -> Non
     b = load_file(tmp_path / "two" / "model.safetensors")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _train_on_nodes(args: list[str], nodes: int, tmp_path: Path) -> None:
+    """``nopelab train ARGS`` on ``nodes`` torchrun "nodes" of one process each on this machine
+    (separate launches meeting at a c10d rendezvous, as on separate machines), or in one plain
+    process (``nodes`` 0)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if nodes == 0:
+        launches = [[sys.executable, "-m", "nopelab", *args]]
+    else:
+        endpoint = f"127.0.0.1:{_free_port()}"
+        rendezvous = ["--nnodes", str(nodes), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                      "--rdzv-endpoint", endpoint, "--rdzv-id", "nopelab-test"]  # fmt: skip
+        launches = [[*_torchrun(), *rendezvous, "-m", "nopelab", *args]] * nodes
+    running = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for cmd in launches
+    ]
+    for run in running:
+        out, _ = run.communicate(timeout=300)
+        assert run.returncode == 0, out[-3000:]
+
+
+@pytest.mark.slow
+def test_two_nodes_train_as_one_process_and_resume_on_another_node_count(
+    tmp_path: Path,
+) -> None:
+    """Two torchrun nodes (c10d rendezvous, gloo) make the steps of one process on the same
+    global batch; a run started on two nodes continues on one, and one started on one continues
+    on two, each equal to a run that stayed on one process."""
+    args = ["train", "--task", "copy", "--max-len", "5", "--train-size", "2000", "--test-size",
+            "50", "--layers", "2", "--heads", "2", "--d-model", "32", "--seq-len", "32",
+            "--batch-size", "8", "--warmup", "1", "--lr", "3e-3", "--device", "cpu",
+            "--eval-every", "4", "--checkpoint-every", "4"]  # fmt: skip
+
+    def train_steps(out: Path, steps: int, nodes: int, resume: bool = False) -> pd.DataFrame:
+        more = ["--resume"] if resume else []
+        _train_on_nodes([*args, "--steps", str(steps), *more, "--out", str(out)], nodes, tmp_path)
+        return pd.read_csv(out / "metrics.csv")
+
+    one = train_steps(tmp_path / "one", 4, nodes=0)
+    two = train_steps(tmp_path / "two", 4, nodes=2)
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["processes"] == 2
+    np.testing.assert_allclose(one["loss"], two["loss"], rtol=1e-5)
+    shutil.copytree(tmp_path / "one", tmp_path / "one-then-two")
+    stayed = train_steps(tmp_path / "one", 8, nodes=0, resume=True)
+    for name, nodes in (("two", 0), ("one-then-two", 2)):
+        moved = train_steps(tmp_path / name, 8, nodes=nodes, resume=True)
+        assert len(moved) == 8
+        np.testing.assert_allclose(stayed["loss"], moved["loss"], rtol=1e-5)
+        np.testing.assert_allclose(stayed["grad_norm"], moved["grad_norm"], rtol=1e-4)
 
 
 TINY_TRAIN = [

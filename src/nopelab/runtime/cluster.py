@@ -59,6 +59,51 @@ def connect_ray(address: str) -> None:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+    try:
+        check_nodes(address)
+    except UserError:
+        import ray
+
+        ray.shutdown()
+        _connected = None
+        raise
+
+
+def check_nodes(address: str, timeout: float = 300.0) -> None:
+    """Refuse a cluster where a live node cannot import nopelab or runs another version of it
+    than this driver (one line naming the node); every node runs a CPU-free task to tell."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from nopelab import __version__
+
+    probe = ray.remote(num_cpus=0, max_retries=0)(node_version)
+    asked = {
+        f"{node['NodeManagerAddress']} ({node['NodeID'][:8]})": probe.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        ).remote()
+        for node in ray.nodes()
+        if node["Alive"]
+    }
+    for node, ref in asked.items():
+        try:
+            version = ray.get(ref, timeout=timeout)
+        except Exception as exc:  # the task's import failed, or the node did not answer
+            raise UserError(
+                f"--address: node {node} of {address} cannot run nopelab: {first_line(exc)}"
+            ) from None
+        if version != __version__:
+            raise UserError(
+                f"--address: node {node} of {address} runs nopelab {version}, this machine "
+                f"{__version__}: install the same version on every node"
+            )
+
+
+def node_version() -> str:
+    """The nopelab version of the node this runs on."""
+    from nopelab import __version__
+
+    return __version__
 
 
 def start_worker(threads: int, quiet: bool) -> None:

@@ -9,7 +9,8 @@ threads (on a CPU, small models train and analyse faster side by side than one a
 with every thread; the numbers do not depend on how many run at once): in a pool of worker
 processes on this machine, or as Ray tasks where Ray is needed (a cluster at ``address``, or
 jobs that take a share of a GPU); or, with one worker and no address, in this process, one after
-another. A failing job stops the run (a reproduction), or, with ``keep_going``, is recorded in
+another. On a cluster a job runs in a scratch folder of its node and its files come back to
+``ROOT`` through Ray (:mod:`~nopelab.runtime.shipping`): no node needs the driver's disk. A failing job stops the run (a reproduction), or, with ``keep_going``, is recorded in
 ``failed/KEY.txt`` beside ``ROOT`` while the others go on (a sweep).
 """
 
@@ -17,17 +18,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from nopelab.errors import RunFailed, UserError, first_line, interrupted
 from nopelab.runtime.cluster import start_ray, start_worker, worker_threads
 from nopelab.runtime.progress import progress_bar, say
 from nopelab.runtime.rundir import replace_atomically
+from nopelab.runtime.shipping import land, pack
 
 DONE = "done.json"  # in ROOT/KEY when the job has finished
 STOP_WAIT = 10.0  # seconds stopped workers get to clean up (locks, temporary files) and exit
@@ -120,7 +124,7 @@ def run_jobs(
         return counts
     start_ray(address, num_cpus=workers, worker_output=not keep_going)
     try:
-        _on_ray(todo, root, share, keep_going, progress)
+        _on_ray(todo, root, share, keep_going, progress, ship=address is not None)
     finally:
         import ray
 
@@ -246,13 +250,30 @@ def _stop(processes: list[Any]) -> None:
             process.kill()
 
 
+def _run_shipped(
+    job: Job, root_name: str, threads: int, keep_going: bool
+) -> tuple[str | None, bytes]:
+    """:func:`_run` on a cluster node, in a scratch folder there: the job's error (``None``:
+    done) and its files as an archive for :func:`~nopelab.runtime.shipping.land`."""
+    scratch = Path(tempfile.mkdtemp(prefix="nopelab-job-"))
+    try:
+        error = _run(job, scratch / root_name, threads, keep_going)
+        return error, b"" if error is not None else pack(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _on_ray(
-    todo: list[Job], root: Path, share: Share, keep_going: bool, progress: _Progress
+    todo: list[Job], root: Path, share: Share, keep_going: bool, progress: _Progress, ship: bool
 ) -> None:
+    """The jobs as Ray tasks; with ``ship``, each in a scratch folder of its node, its files
+    sent back here (a cluster), else writing into ``root`` (this machine's Ray)."""
     import ray
 
-    task = ray.remote(num_cpus=share.cpus, num_gpus=share.gpus, max_retries=0)(_run)
-    pending = {task.remote(job, root, share.threads, keep_going): job for job in todo}
+    fn: Callable[..., Any] = _run_shipped if ship else _run
+    where: Any = root.name if ship else root  # the scratch folder's name on the node, or root
+    task = ray.remote(num_cpus=share.cpus, num_gpus=share.gpus, max_retries=0)(fn)
+    pending = {task.remote(job, where, share.threads, keep_going): job for job in todo}
     with progress_bar(transient=False) as bar:
         progress.bar = bar
         shown = bar.add_task(
@@ -269,13 +290,15 @@ def _on_ray(
 
 
 def _outcome(ref: Any, job: Job, root: Path, keep_going: bool, title: str) -> str | None:
-    """A finished task's error (``None``: done). A job's own error is raised here as if it had
-    happened here; a task Ray lost (out of memory, a crashed worker) fails the run, or, with
-    ``keep_going``, counts as a failed job."""
+    """A finished task's error (``None``: done), its shipped files laid out under ``root``. A
+    job's own error is raised here as if it had happened here; a task Ray lost (out of memory,
+    a crashed worker, a node that died) fails the run, or, with ``keep_going``, counts as a failed
+    job."""
     import ray
 
+    failed = root.parent / "failed" / f"{job.key}.txt"
     try:
-        return ray.get(ref)
+        result = ray.get(ref)
     except ray.exceptions.RayTaskError as exc:
         if isinstance(exc.cause, UserError | RunFailed | OSError):
             raise exc.cause from None  # one line
@@ -284,4 +307,12 @@ def _outcome(ref: Any, job: Job, root: Path, keep_going: bool, title: str) -> st
         reason = first_line(exc)
         if not keep_going:
             raise RunFailed(f"{title}: a Ray task failed: {reason}") from None
-        return _record_failure(root.parent / "failed" / f"{job.key}.txt", f"Ray: {reason}")
+        return _record_failure(failed, f"Ray: {reason}")
+    if not isinstance(result, tuple):  # the task wrote into root itself
+        return cast(str | None, result)
+    error, archive = result
+    if error is not None:
+        return _record_failure(failed, error)
+    land(archive, root, job.key)
+    failed.unlink(missing_ok=True)
+    return None

@@ -39,9 +39,8 @@ from nopelab.training.sources import IGNORE, Autocast, TextSource
 from nopelab.training.train import autocast_for, make_optimizer, step_seed
 
 # Wang et al.'s fit: the best uniform factor at F x the training length is 1 + FIT_SLOPE ln F
-# (a method constant, not a result to compare with: the form is that of the authors' fit,
-# github AntNLP/nope_head_scale fig/fig_fit.ipynb, whose saved output holds no slope; 0.3973
-# is the slope as reported for their fit, not checked against the paper's text here)
+# (Wang et al. 2024, Appendix B, Figure 7; experiments/wang2024/published.toml [fit], which a
+# test keeps equal to this): a method constant, where HeadScale starts, not a result
 FIT_SLOPE = 0.3973
 RECORD_FILE = "headscale.json"
 MIN_SCALE = 1.0  # a head's factor never drops below 1: λ >= 1/sqrt(head_dim)
