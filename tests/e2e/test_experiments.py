@@ -554,6 +554,38 @@ def test_haviv2022_sizes_smoke_and_its_resume(
     pd.testing.assert_frame_equal(again.drop(columns=timing), models.drop(columns=timing))
 
 
+@pytest.mark.slow
+def test_haviv2022_sizes_over_a_bpe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--tokenizer bpe``: the scale's BPE models, their parameters with the BPE's embedding,
+    their budget in BPE tokens, perplexity per token and the loss per byte beside it."""
+    out = tmp_path / "sizes-bpe"
+    reproduce(
+        ["haviv2022", "--part", "sizes", "--tokenizer", "bpe", "--out", str(out)], monkeypatch
+    )
+    models = pd.read_parquet(out / "models.parquet")
+    assert len(models) == 2 * 5
+    for _, row in models.iterrows():
+        cfg = ModelConfig(d_model=row["d_model"], n_layers=row["n_layers"], n_heads=2)
+        built = Transformer(dataclasses.replace(cfg, vocab_size=300, max_seq_len=64))
+        assert row["parameters"] == sum(p.numel() for p in built.parameters())
+        # max(0.2 x parameters, 2048) BPE tokens, rounded up to whole steps of 8 x 16
+        budget = max(0.2 * row["parameters"], 2048)
+        assert budget <= row["tokens"] < budget + 128 and row["tokens"] % 128 == 0
+        run = json.loads(
+            (
+                out / "runs" / f"size{row['size']}-{row['pos_encoding']}-seed0" / "config.json"
+            ).read_text()
+        )
+        assert (run["corpus"]["tokenizer"], run["corpus"]["bpe_vocab"]) == ("bpe", 300)
+    assert (models["perplexity"] < 300).all()  # better than the uniform model over the BPE
+    # a BPE token holds more than a byte: less loss per byte than per token
+    assert (models["loss_per_byte"] < models["loss"]).all()
+    corpus = models["tokens"] / models["epochs"]  # the training split in BPE tokens
+    assert corpus.nunique() == 1 and 0.95 * 4e6 / 5 < corpus.iloc[0] < 0.95 * 4.4e6
+    text = (out / "summary.md").read_text()
+    assert "byte-level BPE of 300 tokens" in text and "perplexity per token" in text
+
+
 @pytest.mark.reference
 @pytest.mark.slow
 def test_chi2023_probe_study_smoke_and_its_resume(

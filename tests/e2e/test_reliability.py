@@ -164,6 +164,15 @@ BAD_INPUT = {
         ("chi2023 --device gpu", "--device: unknown device 'gpu'"),
         ("zuo2025 --part trained --layout diagonal", "--layout: unknown layout 'diagonal'"),
         ("chi2023 --layout windows", "--layout: only for zuo2025 --part trained"),
+        (
+            "haviv2022 --part sizes --tokenizer wordpiece",
+            "--tokenizer: unknown tokenizer 'wordpiece'",
+        ),
+        ("haviv2022 --part mask --tokenizer bpe", "--tokenizer: only for haviv2022 --part sizes"),
+        (
+            "haviv2022 --part sizes --scale medium --tokenizer bpe",
+            "--tokenizer: --scale medium has no BPE models; scales with them: ['smoke', 'small']",
+        ),
         ("chi2023 --seed x", "--seed: input should be a valid integer"),
         ("wang2024 --scale smoke --seed -1", SEED),
         ("chi2023 --part pretrained --seed 9223372036854775808", "--seed: must be an int in 0.."),

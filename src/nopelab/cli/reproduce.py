@@ -12,7 +12,7 @@ import typer
 
 from nopelab.cli import resolve
 from nopelab.cli.app import app
-from nopelab.config import CORPUS_NAMES, MAX_SEED, check_seed, embedded_names
+from nopelab.config import CORPUS_NAMES, MAX_SEED, TOKENIZERS, check_seed, embedded_names
 from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS, Part, named, parts, resumable, taking, with_reuse
 from nopelab.training.task_config import LAYOUTS
@@ -124,6 +124,14 @@ def reproduce(
             "(windows: Zuo et al.'s 256-character windows of the shuffled lines) \\[the scale's]"
         ),
     ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            help=f"{', '.join(taking('tokenizer'))}: {' | '.join(TOKENIZERS)}: bytes, or a "
+            "byte-level BPE trained on the corpus, with the scale's BPE sizes and budget "
+            "\\[byte]"
+        ),
+    ] = None,
 ) -> None:
     """Reproduce a paper's results at a chosen scale, with figures and a markdown summary."""
     from nopelab.runtime import provenance
@@ -162,8 +170,14 @@ def reproduce(
     from nopelab.runtime.device import resolve_device
 
     resolve_device(device)
-    typed = {"samples": samples, "sizes": sizes, "corpus": corpus, "layout": layout}  # as typed
-    parsers = {"samples": _counts, "sizes": _sizes, "corpus": _corpus, "layout": _layout}
+    typed = {  # as typed
+        "samples": samples, "sizes": sizes, "corpus": corpus, "layout": layout,
+        "tokenizer": tokenizer,
+    }  # fmt: skip
+    parsers = {
+        "samples": _counts, "sizes": _sizes, "corpus": _corpus, "layout": _layout,
+        "tokenizer": _tokenizer,
+    }  # fmt: skip
     options = {k: parsers[k](f"--{k}", v) for k, v in typed.items() if v is not None}
     for name in options:
         if name not in runner.options:
@@ -238,6 +252,13 @@ def _layout(flag: str, text: str) -> str:
     """A task layout's name."""
     if text not in LAYOUTS:
         raise UserError(f"{flag}: unknown layout {text!r}; allowed: {', '.join(LAYOUTS)}")
+    return text
+
+
+def _tokenizer(flag: str, text: str) -> str:
+    """A tokenizer's name."""
+    if text not in TOKENIZERS:
+        raise UserError(f"{flag}: unknown tokenizer {text!r}; allowed: {', '.join(TOKENIZERS)}")
     return text
 
 

@@ -135,7 +135,7 @@ EXPERIMENTS = {
                 "haviv2022.sizes",
                 "five encodings at three sizes, the gap to NoPE",
                 resumable=True,
-                options=("sizes", "corpus"),
+                options=("sizes", "corpus", "tokenizer"),
             ),
             "mask": Part(
                 "haviv2022.mask",

@@ -56,9 +56,10 @@ def lm_runs(
     evaluations: int = 4,
     kept: int = 0,
     corpus: str = "default",
+    bpe_vocab: int | None = None,
 ) -> dict[str, TrainRun]:
-    """Byte-level language models on a corpus (an embedded one's name), one per encoding, keyed
-    by it.
+    """Language models on a corpus (an embedded one's name), one per encoding, keyed by it: of
+    bytes, or of a byte-level BPE of ``bpe_vocab`` tokens trained on the corpus's training text.
 
     ``model`` and ``train_cfg`` hold a scale's ModelConfig and TrainConfig fields; each model is
     evaluated ``evaluations`` times along training, and keeps the weights of ``kept`` evenly
@@ -75,11 +76,17 @@ def lm_runs(
         seed=seed,
         device=device,
     )
+    text = (
+        CorpusConfig(source=corpus, tokenizer="byte")
+        if bpe_vocab is None
+        else CorpusConfig(source=corpus, tokenizer="bpe", bpe_vocab=bpe_vocab)
+    )
+    vocab = 256 if bpe_vocab is None else bpe_vocab
     return {
         pe: TrainRun(
-            model=ModelConfig(**model, vocab_size=256, max_seq_len=4 * seq_len, pos_encoding=pe),
+            model=ModelConfig(**model, vocab_size=vocab, max_seq_len=4 * seq_len, pos_encoding=pe),
             train=cfg,
-            corpus=CorpusConfig(source=corpus, tokenizer="byte"),
+            corpus=text,
         )
         for pe in pos_encodings
     }

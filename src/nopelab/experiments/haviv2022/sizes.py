@@ -34,6 +34,7 @@ from nopelab.runtime.jobs import Job, default_workers, run_jobs
 from nopelab.tables import markdown_table, mean_std
 from nopelab.training.corpus import load_text, split_text
 from nopelab.training.run import TrainRun
+from nopelab.training.sources import load_tokenizer
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "rope", "alibi")
 LABELS = labels_of(POS_ENCODINGS)
@@ -51,12 +52,27 @@ EVALUATIONS = 8  # held-out evaluations along each model's training: its learnin
 
 
 @scale_schema
-class Scale:
+class Budget:
+    """Models of one vocabulary: their sizes and how many tokens each trains on."""
+
     sizes: list[dict[str, int]]  # ModelConfig fields of each size, smallest first
     tokens_per_parameter: float
     min_tokens: int
-    seeds: int  # seeds per model: --seed, --seed + 1, ...
     train: dict[str, Any]  # TrainConfig fields but steps (set by the token budget)
+
+
+@scale_schema
+class BpeBudget(Budget):
+    """The models of ``--tokenizer bpe``: a byte-level BPE of ``vocab`` tokens, trained on the
+    corpus's training text (token counts and ``seq_len`` in its tokens)."""
+
+    vocab: int
+
+
+@scale_schema
+class Scale(Budget):
+    seeds: int  # seeds per model: --seed, --seed + 1, ...
+    bpe: BpeBudget | None = None  # the scale's models with --tokenizer bpe
 
 
 SCALES = read_scales("haviv2022.sizes", Scale)
@@ -89,30 +105,42 @@ def settings(
     device: str,
     sizes: list[dict[str, int]] | None = None,
     corpus: str = "default",
+    tokenizer: str = "byte",
 ) -> Settings:
-    """The scale's models; ``sizes`` (``--sizes``) replaces its list of sizes."""
+    """The scale's models; ``sizes`` (``--sizes``) replaces its list of sizes; ``tokenizer``
+    ``bpe`` (``--tokenizer``) trains the scale's BPE models instead of its byte-level ones."""
     s = SCALES[scale]
     resolve_device(device)
+    budget: Budget = s
+    vocab = None
+    if tokenizer == "bpe":
+        if s.bpe is None:
+            with_bpe = [name for name, table in SCALES.items() if table.bpe is not None]
+            raise ConfigError(
+                "--tokenizer", f"--scale {scale} has no BPE models; scales with them: {with_bpe}"
+            )
+        budget, vocab = s.bpe, s.bpe.vocab
     flag = f"--scale {scale}" if sizes is None else "--sizes"  # what set the sizes
-    sizes = s.sizes if sizes is None else sizes
+    sizes = budget.sizes if sizes is None else sizes
     check_sizes(sizes)
-    train = s.train
+    train = budget.train
     tokens_per_step = train["batch_size"] * train["seq_len"]
     models = []
     for index, size in enumerate(sizes, 1):
-        for run in lm_runs(POS_ENCODINGS, size, {**train, "steps": 1}, seed, device).values():
+        shapes = lm_runs(POS_ENCODINGS, size, {**train, "steps": 1}, seed, device, bpe_vocab=vocab)
+        for run in shapes.values():
             m = run.model  # a learned table or ALiBi's scores may not fit where NoPE does
             shown = f"{flag}: {m.d_model}x{m.n_layers}x{m.n_heads}"
             check_training(m, train["batch_size"], train["seq_len"], shown)
             if m.pos_encoding == "none":
                 parameters = parameter_count(m)  # closed form: no model is built
-        tokens = max(s.tokens_per_parameter * parameters, s.min_tokens)
+        tokens = max(budget.tokens_per_parameter * parameters, budget.min_tokens)
         steps = math.ceil(tokens / tokens_per_step)
         for offset in range(s.seeds):
-            budget = {**train, "steps": steps}
             runs = lm_runs(
-                POS_ENCODINGS, size, budget, seed + offset, device, EVALUATIONS, corpus=corpus
-            )
+                POS_ENCODINGS, size, {**train, "steps": steps}, seed + offset, device,
+                EVALUATIONS, corpus=corpus, bpe_vocab=vocab,
+            )  # fmt: skip
             models += [Model(index, parameters, pe, seed + offset, run) for pe, run in runs.items()]
     return Settings(models, 1 if scale == "paper" else default_workers(device))
 
@@ -133,7 +161,8 @@ def run(settings: Settings, out: Path) -> None:
     jobs = [Job(m.key, train_into, (m.run,)) for m in settings.models]
     run_jobs(jobs, out / "runs", "haviv2022 sizes", settings.workers, what="models")
     rows, curves = [], []
-    corpus = corpus_tokens(settings.models[0].run)  # every model trains on the same text
+    first = settings.models[0]  # every model trains on the same text
+    corpus = corpus_tokens(first.run, out / "runs" / first.key)
     for m in settings.models:
         summary = model_file(out, m.key)
         tokens_per_step = m.run.train.batch_size * m.run.train.seq_len
@@ -154,6 +183,9 @@ def run(settings: Settings, out: Path) -> None:
                 "epochs": tokens / corpus,
                 "perplexity": summary["final_eval"]["perplexity"],
                 "loss": summary["final_eval"]["loss"],
+                "loss_per_byte": summary["final_eval"].get(
+                    "loss_per_byte", summary["final_eval"]["loss"]
+                ),
                 "train_seconds": summary["train_seconds"],
             }
         )
@@ -181,12 +213,14 @@ def run(settings: Settings, out: Path) -> None:
     )
 
 
-def corpus_tokens(run: TrainRun) -> int:
-    """Training tokens in the corpus the run trains on (bytes of its training split)."""
+def corpus_tokens(run: TrainRun, folder: Path) -> int:
+    """Training tokens in the corpus the run in ``folder`` trained on: its training split in
+    the run's tokens (bytes, or its BPE's tokens)."""
     corpus = run.corpus
     assert corpus is not None  # a language model's run
     train, _ = split_text(load_text(corpus.source, corpus.column), corpus.val_fraction)
-    return len(train.encode("utf-8"))
+    tokenizer = load_tokenizer(folder)
+    return len(train.encode("utf-8")) if tokenizer is None else len(tokenizer.encode(train))
 
 
 def size_table(models: pd.DataFrame) -> pd.DataFrame:
@@ -321,9 +355,13 @@ def summary_text(
     learned = verdict["learned_minus_nope_percent_at_largest"]
     spread = verdict["learned_minus_nope_percent_std"]
     theirs_learned = published[published["pos_encoding"] == "learned"]["gap_percent"].abs()
+    assert run.corpus is not None  # a language model's run
+    bpe = run.corpus.bpe_vocab if run.corpus.tokenizer == "bpe" else 0
     return fill(
         "haviv2022.sizes",
         **corpus_values(run),
+        bpe=bpe,
+        unit="token" if bpe else "byte",
         seeds=seeds,
         budget_table=markdown_table(budget.round(2).reset_index()),
         perplexity_table=markdown_table(ours.reset_index()),
