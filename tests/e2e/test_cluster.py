@@ -6,6 +6,7 @@ Client addresses work, and a node with another nopelab is refused."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -37,14 +38,19 @@ FAST_DEATH = {  # how soon the head declares a node dead that stopped answering 
     "RAY_health_check_timeout_ms": "500",
     "RAY_health_check_failure_threshold": "3",
 }
-CLIENT_PORT = 10_077
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """A head with no CPUs (no cell runs there) and one worker node of one CPU whose processes
     start in ``tmp_path/node`` with ``TMPDIR`` ``tmp_path/node-tmp``; a Ray Client server on
-    :data:`CLIENT_PORT`."""
+    the port ``client_port``."""
     node_dir, node_tmp = tmp_path / "node", tmp_path / "node-tmp"
     node_dir.mkdir()
     node_tmp.mkdir()
@@ -52,12 +58,13 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[st
     for name, value in FAST_DEATH.items():
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(node_dir)  # the nodes' processes start here
+    client_port = free_port()
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
             "num_cpus": 0,
             "include_dashboard": False,
-            "ray_client_server_port": CLIENT_PORT,
+            "ray_client_server_port": client_port,
         },
     )
     node_args = {"num_cpus": 1, "env_vars": {"TMPDIR": str(node_tmp)}}
@@ -70,6 +77,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[st
             "node_args": node_args,
             "node_dir": node_dir,
             "node_tmp": node_tmp,
+            "client_port": client_port,
         }
     finally:
         cluster.shutdown()
@@ -158,26 +166,38 @@ def test_a_killed_node_costs_only_its_cells_and_a_rerun_completes_them(
 def test_ray_client_addresses_run_the_sweep(cluster: dict[str, Any], tmp_path: Path) -> None:
     """``--address ray://HOST:PORT`` (Ray Client, a cluster driven from another machine)."""
     folder, grid = driver(tmp_path, '["none"]', steps=4)
-    code, err = finished(sweep(grid, "out", f"ray://127.0.0.1:{CLIENT_PORT}", folder))
+    address = f"ray://127.0.0.1:{cluster['client_port']}"
+    code, err = finished(sweep(grid, "out", address, folder))
     assert code == 0, err[-3000:]
     assert len(read_results(folder / "out")) == 2
 
 
+@pytest.mark.parametrize("differs", ["version", "code"])
 def test_a_node_with_another_nopelab_is_refused_before_the_sweep_folder(
-    cluster: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+    differs: str,
+    cluster: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
 ) -> None:
-    """The driver's version differs from the nodes' (a node updated, the laptop not): one line
-    naming --address and the node, exit 2, nothing written."""
+    """The driver's nopelab differs from the nodes' (a node updated, the laptop not), by its
+    version or by its code: one line naming --address and the node, exit 2, nothing written."""
     import nopelab
     from helpers import run_cli
+    from nopelab.runtime import cluster as connecting
 
     folder, grid = driver(tmp_path, '["none"]', steps=4)
-    nodes = nopelab.__version__
-    monkeypatch.setattr(nopelab, "__version__", "0.0.0-driver")
+    nodes, code = nopelab.__version__, connecting.code_digest()
+    if differs == "version":
+        monkeypatch.setattr(nopelab, "__version__", "0.0.0-driver")
+        said = f"runs nopelab {nodes}, this machine 0.0.0-driver"
+    else:
+        monkeypatch.setattr(connecting, "code_digest", lambda: "driver-code")
+        said = f"runs other nopelab {nodes} code than this machine (files {code}, here driver-code)"
     out = folder / "out"
     args = ["sweep", str(grid), "--out", str(out), "--address", cluster["cluster"].address]
     assert run_cli(args, monkeypatch) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("nopelab: error: --address: node "), err
-    assert f"runs nopelab {nodes}, this machine 0.0.0-driver" in err[0]
+    assert said in err[0]
     assert not out.exists()

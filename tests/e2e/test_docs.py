@@ -138,7 +138,7 @@ def test_the_cluster_blocks_of_the_sweeps_page_are_well_formed(tmp_path: Path) -
     ports = {
         p["name"]: p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]
     }
-    assert ports == {"gcs": 6379, "client": 10001}
+    assert ports == {"gcs-server": 6379, "client": 10001}
     for group in workers:
         assert isinstance(group["groupName"], str)
         assert all(isinstance(group[k], int) for k in ("replicas", "minReplicas", "maxReplicas"))

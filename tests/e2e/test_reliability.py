@@ -171,7 +171,7 @@ BAD_INPUT = {
         ("haviv2022 --part mask --tokenizer bpe", "--tokenizer: only for haviv2022 --part sizes"),
         (
             "haviv2022 --part sizes --scale medium --tokenizer bpe",
-            "--tokenizer: --scale medium has no BPE models; scales with them: ['smoke', 'small']",
+            "--tokenizer: --scale medium has no BPE models; scales with them: smoke, small",
         ),
         ("chi2023 --seed x", "--seed: input should be a valid integer"),
         ("wang2024 --scale smoke --seed -1", SEED),

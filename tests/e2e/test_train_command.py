@@ -135,13 +135,13 @@ def _train_on_nodes(args: list[str], nodes: int, tmp_path: Path) -> None:
         rendezvous = ["--nnodes", str(nodes), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                       "--rdzv-endpoint", endpoint, "--rdzv-id", "nopelab-test"]  # fmt: skip
         launches = [[*_torchrun(), *rendezvous, "-m", "nopelab", *args]] * nodes
-    running = [
-        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        for cmd in launches
-    ]
-    for run in running:
-        out, _ = run.communicate(timeout=300)
-        assert run.returncode == 0, out[-3000:]
+    logs = [tmp_path / f"launch-{nodes}-{i}.log" for i in range(len(launches))]
+    running = []
+    for cmd, log in zip(launches, logs, strict=True):
+        with log.open("w") as output:  # not pipes: a launch never waits for its reader
+            running.append(subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, env=env))
+    for run, log in zip(running, logs, strict=True):
+        assert run.wait(timeout=300) == 0, log.read_text()[-3000:]
 
 
 @pytest.mark.slow

@@ -225,14 +225,17 @@ def reproduce(
 
 
 def _said(runner: Part, scale: str, seed: int, device: str, options: dict) -> dict:
-    """The options that change the run: one equal to the scale's own is left out of the run's
-    marker, so that giving it or not is the same run on resume."""
+    """The options that change the run: one whose leaving out gives the same models (the
+    scale's own value, given or not) is left out of the run's marker, so that giving it or not
+    is the same run on resume; each is judged beside the others (``--sizes`` equal to the
+    byte scale's still changes a ``--tokenizer bpe`` run)."""
     try:
-        unsaid = runner.settings(scale, seed, device)
+        given = runner.settings(scale, seed, device, **options)
         return {
             k: v
             for k, v in options.items()
-            if runner.settings(scale, seed, device, **{k: v}) != unsaid
+            if runner.settings(scale, seed, device, **{o: w for o, w in options.items() if o != k})
+            != given
         }
     except UserError:  # the scale's own values are refused here (e.g. too big for this machine)
         return options

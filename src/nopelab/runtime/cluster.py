@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import signal
 import sys
+from pathlib import Path
 
 from nopelab.errors import UserError, first_line
 from nopelab.extras import need
@@ -61,7 +63,7 @@ def connect_ray(address: str) -> None:
         os.close(devnull)
     try:
         check_nodes(address)
-    except UserError:
+    except BaseException:  # a refused node, or Ctrl-C while the nodes answer
         import ray
 
         ray.shutdown()
@@ -70,8 +72,10 @@ def connect_ray(address: str) -> None:
 
 
 def check_nodes(address: str, timeout: float = 300.0) -> None:
-    """Refuse a cluster where a live node cannot import nopelab or runs another version of it
-    than this driver (one line naming the node); every node runs a CPU-free task to tell."""
+    """Refuse a cluster where a live node cannot import nopelab or runs another nopelab than
+    this driver, by version or by code (:func:`code_digest`: two checkouts of one version at
+    different commits differ); one line naming the node. Every node runs a CPU-free task to
+    tell."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -85,9 +89,10 @@ def check_nodes(address: str, timeout: float = 300.0) -> None:
         for node in ray.nodes()
         if node["Alive"]
     }
+    here = code_digest()
     for node, ref in asked.items():
         try:
-            version = ray.get(ref, timeout=timeout)
+            version, code = ray.get(ref, timeout=timeout)
         except Exception as exc:  # the task's import failed, or the node did not answer
             raise UserError(
                 f"--address: node {node} of {address} cannot run nopelab: {first_line(exc)}"
@@ -97,13 +102,31 @@ def check_nodes(address: str, timeout: float = 300.0) -> None:
                 f"--address: node {node} of {address} runs nopelab {version}, this machine "
                 f"{__version__}: install the same version on every node"
             )
+        if code != here:
+            raise UserError(
+                f"--address: node {node} of {address} runs other nopelab {version} code than "
+                f"this machine (files {code}, here {here}): install the same nopelab on every node"
+            )
 
 
-def node_version() -> str:
-    """The nopelab version of the node this runs on."""
+def node_version() -> tuple[str, str]:
+    """The nopelab version of the node this runs on, and its :func:`code_digest`."""
     from nopelab import __version__
 
-    return __version__
+    return __version__, code_digest()
+
+
+def code_digest() -> str:
+    """A digest of the nopelab package's files as installed here (modules and data files, not
+    compiled caches)."""
+    import nopelab
+
+    root = Path(nopelab.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def start_worker(threads: int, quiet: bool) -> None:

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +29,7 @@ from nopelab.errors import RunFailed, UserError, first_line, interrupted
 from nopelab.runtime.cluster import start_ray, start_worker, worker_threads
 from nopelab.runtime.progress import progress_bar, say
 from nopelab.runtime.rundir import replace_atomically
-from nopelab.runtime.shipping import land, pack
+from nopelab.runtime.shipping import land, pack, scratch
 
 DONE = "done.json"  # in ROOT/KEY when the job has finished
 STOP_WAIT = 10.0  # seconds stopped workers get to clean up (locks, temporary files) and exit
@@ -254,13 +252,16 @@ def _run_shipped(
     job: Job, root_name: str, threads: int, keep_going: bool
 ) -> tuple[str | None, bytes]:
     """:func:`_run` on a cluster node, in a scratch folder there: the job's error (``None``:
-    done) and its files as an archive for :func:`~nopelab.runtime.shipping.land`."""
-    scratch = Path(tempfile.mkdtemp(prefix="nopelab-job-"))
+    done) and its files as an archive for :func:`~nopelab.runtime.shipping.land`. With
+    ``keep_going``, a node that cannot hold the scratch folder or its archive fails the job."""
     try:
-        error = _run(job, scratch / root_name, threads, keep_going)
-        return error, b"" if error is not None else pack(scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        with scratch() as folder:
+            error = _run(job, folder / root_name, threads, keep_going)
+            return error, b"" if error is not None else pack(folder)
+    except OSError as exc:
+        if not keep_going:
+            raise
+        return f"the node's scratch folder: {first_line(exc)}", b""
 
 
 def _on_ray(

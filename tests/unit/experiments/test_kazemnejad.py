@@ -23,9 +23,11 @@ from nopelab.experiments.kazemnejad2023.tasks import (
     mrr_table,
     nope_answer,
     rank_table,
+    seed_mrr_table,
     settings,
     task_config,
     verdicts,
+    versus_answer,
 )
 from nopelab.measure.metrics import adjacency_score_bruteforce, cosine_matrix
 from nopelab.models.transformer import build_model
@@ -70,7 +72,8 @@ def test_ranks_share_ties_and_mrr_is_their_mean_reciprocal_over_tasks() -> None:
         ("add", "sinusoidal"): 5,
     }  # fmt: skip
     assert ranks["rank"].to_dict() == want
-    mrr = mrr_table(rank_table(frame)).set_index("pos_encoding")
+    by_seed = seed_mrr_table(frame)
+    mrr = mrr_table(rank_table(frame), by_seed).set_index("pos_encoding")
     assert list(mrr.index) == ["none", "learned", "sinusoidal", "rope", "alibi"]
     by_hand = {
         "none": (1 + 1 / 3) / 2,  # 0.667
@@ -82,18 +85,42 @@ def test_ranks_share_ties_and_mrr_is_their_mean_reciprocal_over_tasks() -> None:
     assert mrr["mrr"].to_dict() == pytest.approx(by_hand)
     assert (mrr["tasks"] == 2).all()
     assert mrr.loc["sinusoidal", "published_mrr"] == mrr.loc["learned", "published_mrr"] == 0.22
-    verdict = verdicts(mrr.reset_index(), frame)
+    # each seed's own ranks: seed 0 ranks add's NoPE and ALiBi 2.5 (tied below RoPE), seed 1
+    # 3.5 (below RoPE and learned); copy's NoPE is first and ALiBi last at both
+    seed_none = {0: (1 + 1 / 2.5) / 2, 1: (1 + 1 / 3.5) / 2}
+    seed_alibi = {0: (1 / 5 + 1 / 2.5) / 2, 1: (1 / 5 + 1 / 3.5) / 2}
+    got = by_seed.set_index(["pos_encoding", "seed"])["mrr"]
+    for seed in (0, 1):
+        assert got[("none", seed)] == pytest.approx(seed_none[seed])
+        assert got[("alibi", seed)] == pytest.approx(seed_alibi[seed])
+    assert mrr.loc["none", "mrr_seed_mean"] == pytest.approx(sum(seed_none.values()) / 2)
+    assert mrr.loc["none", "mrr_seed_std"] == pytest.approx(
+        abs(seed_none[0] - seed_none[1]) / 2**0.5
+    )
+    verdict = verdicts(mrr.reset_index(), frame, by_seed)
     assert verdict["best"] == ["rope"] and not verdict["nope_best"]
     assert nope_answer(verdict, mrr.reset_index()).startswith("No: RoPE has the highest MRR (0.75)")
+    versus = verdict["nope_versus"]["alibi"]
+    assert versus["difference"] == pytest.approx(0.4) and versus["difference_std"] == pytest.approx(
+        0
+    )
+    assert (versus["above"], versus["level"], versus["below"]) == (2, 0, 0)
+    assert set(verdict["nope_versus"]) == {"alibi"}  # no T5 models in this frame
+    assert versus_answer(verdict, 2) == (
+        "NoPE's MRR minus ALiBi's, seed by seed: +0.40 ± 0.00 (NoPE above at 2 of 2 seeds, "
+        "level at 0, below at 0)."
+    )
 
 
 def test_a_tie_at_the_top_and_an_unlearned_model_are_said() -> None:
     frame = models({("copy", pe): [0.5] for pe in ("none", "learned", "rope")})
     frame.loc[1, ["in_distribution_accuracy", "learned"]] = [0.5, False]
-    mrr = mrr_table(rank_table(frame))
+    by_seed = seed_mrr_table(frame)
+    mrr = mrr_table(rank_table(frame), by_seed)
     assert mrr["mrr"].tolist() == pytest.approx([0.5, 0.5, 0.5])  # all share rank 2
     assert (mrr["tasks_separating"] == 0).all() and mrr["mrr_separating"].isna().all()
-    verdict = verdicts(mrr, frame)
+    assert (mrr["mrr_seed_std"] == 0).all()  # one seed
+    verdict = verdicts(mrr, frame, by_seed)
     assert verdict["nope_best"] and not verdict["nope_alone_best"]
     assert verdict["not_learned"] == ["copy learned seed 0"]
     assert nope_answer(verdict, mrr).startswith("Tied: NoPE shares the highest MRR (0.50)")
@@ -218,7 +245,7 @@ def test_mrr_separating_leaves_out_a_task_every_encoding_ties() -> None:
     frame = models(
         {("copy", pe): [a] for pe, a in accuracy.items()} | {("add", pe): [0.0] for pe in accuracy}
     )
-    mrr = mrr_table(rank_table(frame)).set_index("pos_encoding")
+    mrr = mrr_table(rank_table(frame), seed_mrr_table(frame)).set_index("pos_encoding")
     assert mrr["mrr"].to_dict() == pytest.approx(
         {"none": (1 + 1 / 2) / 2, "rope": (1 / 2 + 1 / 2) / 2, "learned": (1 / 3 + 1 / 2) / 2}
     )

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from nopelab.errors import RunFailed
 from nopelab.runtime.jobs import DONE, Job, _run_shipped, is_done
-from nopelab.runtime.shipping import land, pack
+from nopelab.runtime.shipping import PREFIX, land, pack
 
 
 def write_job(scratch: Path) -> None:
@@ -81,3 +82,44 @@ def test_a_shipped_job_runs_in_a_scratch_folder_of_the_node_and_comes_back(
 
     error, archive = _run_shipped(Job("k2", fail), "cells", 1, keep_going=True)
     assert error == "bad cell" and archive == b"" and list(node_tmp.iterdir()) == []
+
+
+def test_scratch_folders_of_killed_jobs_are_removed_by_the_next_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job killed on a node leaves its scratch folder; the next job there removes it, but not
+    one whose process still runs."""
+    import os
+    import subprocess
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process id that has ended
+    dead = tmp_path / f"{PREFIX}{gone.pid}-abcd1234"
+    living = tmp_path / f"{PREFIX}{os.getppid()}-abcd1234"
+    other = tmp_path / "someone-elses"
+    for folder in (dead, living, other):
+        (folder / "cells").mkdir(parents=True)
+    error, _ = _run_shipped(Job("k1", make_files), "cells", 1, keep_going=True)
+    assert error is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([living.name, other.name])
+
+
+def test_a_node_without_room_for_its_scratch_folder_fails_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "no-such-folder"))
+    error, archive = _run_shipped(Job("k1", make_files), "cells", 1, keep_going=True)
+    assert error is not None and error.startswith("the node's scratch folder: ") and archive == b""
+    with pytest.raises(OSError):
+        _run_shipped(Job("k1", make_files), "cells", 1, keep_going=False)
+
+
+def test_a_file_outside_the_job_folder_must_be_named_after_the_job(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    write_job(scratch)
+    (scratch / "grid.json").write_text("{}")  # would replace the sweep's own file
+    out = tmp_path / "out"
+    with pytest.raises(RunFailed, match=r"the node sent grid\.json"):
+        land(pack(scratch), out / "cells", "k1")
+    assert not (out / "grid.json").exists() and list((out / "cells").iterdir()) == []

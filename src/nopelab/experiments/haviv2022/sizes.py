@@ -117,7 +117,8 @@ def settings(
         if s.bpe is None:
             with_bpe = [name for name, table in SCALES.items() if table.bpe is not None]
             raise ConfigError(
-                "--tokenizer", f"--scale {scale} has no BPE models; scales with them: {with_bpe}"
+                "--tokenizer",
+                f"--scale {scale} has no BPE models; scales with them: {', '.join(with_bpe)}",
             )
         budget, vocab = s.bpe, s.bpe.vocab
     flag = f"--scale {scale}" if sizes is None else "--sizes"  # what set the sizes

@@ -47,7 +47,7 @@ from nopelab.models.transformer import Transformer
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.jobs import Job, default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
-from nopelab.tables import markdown_table
+from nopelab.tables import markdown_table, mean_std
 from nopelab.training.run import TrainRun
 from nopelab.training.task_config import TaskConfig
 from nopelab.training.task_kinds import TASK_KINDS, Example
@@ -291,13 +291,15 @@ def run(settings: Settings, out: Path) -> None:
     by_length = pd.DataFrame(rows)
     models = model_table(by_length).merge(pd.DataFrame(trainings), on=keys)
     ranks = rank_table(models)
-    mrr = mrr_table(ranks)
+    by_seed = seed_mrr_table(models)
+    mrr = mrr_table(ranks, by_seed)
     curves = mechanism_curves(pd.DataFrame(measured))
     broken = break_table(by_length, curves)
     figures.accuracy_by_length(by_length, LABELS, out / "accuracy_by_length.png")
     figures.mechanisms_by_length(curves, LABELS, out / "mechanisms_by_length.png", MEASURES)
-    verdict = verdicts(mrr, models)
+    verdict = verdicts(mrr, models, by_seed)
     tables = {"accuracy": by_length, "models": models, "ranks": ranks, "mrr": mrr}
+    tables |= {"mrr_by_seed": by_seed}
     tables |= {"mechanisms": pd.DataFrame(measured), "breaks": broken}
     write_outputs(
         out,
@@ -309,6 +311,7 @@ def run(settings: Settings, out: Path) -> None:
             "models": models.to_dict("records"),
             "ranks": ranks.to_dict("records"),
             "mrr": mrr.to_dict("records"),
+            "mrr_by_seed": by_seed.to_dict("records"),
             "verdict": verdict,
             "breaks": broken.to_dict("records"),
         },
@@ -377,8 +380,10 @@ def rank_table(models: pd.DataFrame) -> pd.DataFrame:
             seeds=("seed", "count"),
             in_distribution_accuracy=("in_distribution_accuracy", "mean"),
             ood_accuracy=("ood_accuracy", "mean"),
+            ood_accuracy_std=("ood_accuracy", "std"),
         )
         .reset_index()
+        .fillna({"ood_accuracy_std": 0.0})
     )
     # rounded: a mean of equal accuracies summed in another order must still tie
     score = table["ood_accuracy"].round(12)
@@ -387,16 +392,30 @@ def rank_table(models: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def mrr_table(ranks: pd.DataFrame) -> pd.DataFrame:
-    """Per encoding: the mean reciprocal rank over tasks, beside Kazemnejad et al.'s, and over
-    the tasks that separate the encodings (``mrr_separating``; NaN when none does): a task on
-    which every encoding ties gives each the same reciprocal rank and only pulls the MRRs
-    together."""
+def seed_mrr_table(models: pd.DataFrame) -> pd.DataFrame:
+    """Per encoding and seed: the MRR over tasks of that seed's models alone (each task's
+    encodings ranked by that seed's out-of-distribution accuracy), the spread of
+    :func:`mrr_table`'s."""
+    score = models["ood_accuracy"].round(12)  # as rank_table: equal accuracies tie
+    rank = score.groupby([models["task"], models["seed"]]).rank(ascending=False, method="average")
+    per_seed = models.assign(reciprocal_rank=1 / rank).groupby(["pos_encoding", "seed"], sort=False)
+    return per_seed["reciprocal_rank"].mean().rename("mrr").reset_index()
+
+
+def mrr_table(ranks: pd.DataFrame, by_seed: pd.DataFrame) -> pd.DataFrame:
+    """Per encoding: the mean reciprocal rank over tasks (of the accuracies averaged over
+    seeds), beside Kazemnejad et al.'s; its spread, the mean and standard deviation of the
+    seeds' own MRRs (``by_seed``: :func:`seed_mrr_table`); and the MRR over the tasks that
+    separate the encodings (``mrr_separating``; NaN when none does): a task on which every
+    encoding ties gives each the same reciprocal rank and only pulls the MRRs together."""
     table = (
         ranks.groupby("pos_encoding", sort=False)
         .agg(tasks=("task", "count"), mrr=("reciprocal_rank", "mean"))
         .reset_index()
     )
+    seeds = by_seed.groupby("pos_encoding")["mrr"]
+    table["mrr_seed_mean"] = table["pos_encoding"].map(seeds.mean())
+    table["mrr_seed_std"] = table["pos_encoding"].map(seeds.std()).fillna(0.0)
     separating = ranks.groupby("task")["rank"].transform("nunique") > 1
     table["tasks_separating"] = ranks.loc[separating, "task"].nunique()
     by_encoding = ranks[separating].groupby("pos_encoding")["reciprocal_rank"].mean()
@@ -406,16 +425,33 @@ def mrr_table(ranks: pd.DataFrame) -> pd.DataFrame:
     return table.assign(order=order).sort_values("order").drop(columns="order")
 
 
-def verdicts(mrr: pd.DataFrame, models: pd.DataFrame) -> dict[str, Any]:
-    """Which encodings have the highest MRR (NoPE among them?) and which models did not learn
-    their task at the training lengths."""
+RIVALS = ("alibi", "t5")  # the encodings Kazemnejad et al. rank next to NoPE
+
+
+def verdicts(mrr: pd.DataFrame, models: pd.DataFrame, by_seed: pd.DataFrame) -> dict[str, Any]:
+    """Which encodings have the highest MRR (NoPE among them?); NoPE against each of
+    :data:`RIVALS` seed by seed (the MRR difference's mean and standard deviation over seeds, and
+    at how many seeds NoPE is above, level, below); which models did not learn their task at the
+    training lengths."""
     best = mrr["mrr"].round(12) == mrr["mrr"].round(12).max()
     top = [str(pe) for pe in mrr.loc[best, "pos_encoding"]]
     unlearned = models[~models["learned"]]
+    per_seed = by_seed.pivot(index="seed", columns="pos_encoding", values="mrr")
+    versus = {}
+    for rival in (r for r in RIVALS if r in per_seed):
+        difference = (per_seed["none"] - per_seed[rival]).round(12)
+        versus[rival] = {
+            "difference": float(difference.mean()),
+            "difference_std": float(difference.std()) if len(difference) > 1 else 0.0,
+            "above": int((difference > 0).sum()),
+            "level": int((difference == 0).sum()),
+            "below": int((difference < 0).sum()),
+        }
     return {
         "best": top,
         "nope_best": "none" in top,
         "nope_alone_best": top == ["none"],
+        "nope_versus": versus,
         "not_learned": [
             f"{row.task} {LABELS[str(row.pos_encoding)]} seed {row.seed}"
             for row in unlearned.itertuples()
@@ -432,6 +468,13 @@ def nope_answer(verdict: dict[str, Any], mrr: pd.DataFrame) -> str:
         score["none"],
         score.max(),
         bool(verdict["not_learned"]),
+    )
+
+
+def versus_answer(verdict: dict[str, Any], seeds: int) -> str:
+    """NoPE against ALiBi and T5's bias, seed by seed."""
+    return sentence("kazemnejad2023.sentences", "versus_answer")(
+        {LABELS[pe]: facts for pe, facts in verdict["nope_versus"].items()}, seeds
     )
 
 
@@ -461,10 +504,20 @@ def summary_text(
         ]
     )
     seeds = int(ranks["seeds"].max())
+    spread = (
+        {}
+        if seeds < 2
+        else {
+            f"ours, each seed's (mean ± std over {seeds})": mean_std(
+                mrr["mrr_seed_mean"], mrr["mrr_seed_std"], digits=(".2f", ".2f")
+            )
+        }
+    )
     table = pd.DataFrame(
         {
             "encoding": [LABELS[pe] for pe in mrr["pos_encoding"]],
             "MRR, ours": [f"{v:.2f}" for v in mrr["mrr"]],
+            **spread,
             f"ours, the {int(mrr['tasks_separating'].iloc[0])} tasks that separate them": [
                 "—" if pd.isna(v) else f"{v:.2f}" for v in mrr["mrr_separating"]
             ],
@@ -474,9 +527,14 @@ def summary_text(
             ],
         }
     )
+    accuracy = (
+        [f"{a:.3f}" for a in ranks["ood_accuracy"]]
+        if seeds < 2
+        else mean_std(ranks["ood_accuracy"], ranks["ood_accuracy_std"], digits=(".3f", ".3f"))
+    )
     cells = ranks.assign(
         encoding=ranks["pos_encoding"].map(LABELS),
-        ood=[f"{a:.3f} ({r:g})" for a, r in zip(ranks["ood_accuracy"], ranks["rank"], strict=True)],
+        ood=[f"{a} ({r:g})" for a, r in zip(accuracy, ranks["rank"], strict=True)],
         ind=[f"{a:.3f}" for a in ranks["in_distribution_accuracy"]],
     )
     order = [LABELS[pe] for pe in POS_ENCODINGS]
@@ -496,6 +554,7 @@ def summary_text(
         warmup=first.train.warmup,
         mrr_table=markdown_table(table),
         answer=nope_answer(verdict, mrr),
+        versus=versus_answer(verdict, seeds),
         ood_table=markdown_table(ood.reset_index()),
         in_table=markdown_table(ind.reset_index()),
         learned_at=f"{LEARNED_AT:g}",
