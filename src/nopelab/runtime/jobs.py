@@ -10,7 +10,8 @@ with every thread; the numbers do not depend on how many run at once): in a pool
 processes on this machine, or as Ray tasks where Ray is needed (a cluster at ``address``, or
 jobs that take a share of a GPU); or, with one worker and no address, in this process, one after
 another. On a cluster a job runs in a scratch folder of its node and its files come back to
-``ROOT`` through Ray (:mod:`~nopelab.runtime.shipping`): no node needs the driver's disk. A failing job stops the run (a reproduction), or, with ``keep_going``, is recorded in
+``ROOT`` through Ray (:mod:`~nopelab.runtime.shipping`): no node needs the driver's disk. A
+failing job stops the run (a reproduction), or, with ``keep_going``, is recorded in
 ``failed/KEY.txt`` beside ``ROOT`` while the others go on (a sweep).
 """
 
@@ -312,8 +313,14 @@ def _outcome(ref: Any, job: Job, root: Path, keep_going: bool, title: str) -> st
     if not isinstance(result, tuple):  # the task wrote into root itself
         return cast(str | None, result)
     error, archive = result
+    if error is None:
+        try:
+            land(archive, root, job.key)
+        except RunFailed as exc:  # the node sent files that are not the job's
+            if not keep_going:
+                raise
+            error = str(exc)
     if error is not None:
         return _record_failure(failed, error)
-    land(archive, root, job.key)
     failed.unlink(missing_ok=True)
     return None
