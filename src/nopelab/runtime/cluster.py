@@ -119,9 +119,7 @@ def node_version() -> tuple[str, str]:
 def code_digest() -> str:
     """A digest of the nopelab package's files as installed here (modules and data files, not
     compiled caches)."""
-    import nopelab
-
-    root = Path(nopelab.__file__).parent
+    root = Path(__file__).resolve().parents[1]  # the nopelab package
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts:
