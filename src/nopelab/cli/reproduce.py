@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -175,8 +176,8 @@ def reproduce(
         "tokenizer": tokenizer,
     }  # fmt: skip
     parsers = {
-        "samples": _counts, "sizes": _sizes, "corpus": _corpus, "layout": _layout,
-        "tokenizer": _tokenizer,
+        "samples": _counts, "sizes": _sizes, "corpus": _corpus,
+        "layout": _one_of(LAYOUTS, "layout"), "tokenizer": _one_of(TOKENIZERS, "tokenizer"),
     }  # fmt: skip
     options = {k: parsers[k](f"--{k}", v) for k, v in typed.items() if v is not None}
     for name in options:
@@ -251,18 +252,15 @@ def _counts(flag: str, text: str) -> tuple[int, ...]:
         ) from None
 
 
-def _layout(flag: str, text: str) -> str:
-    """A task layout's name."""
-    if text not in LAYOUTS:
-        raise UserError(f"{flag}: unknown layout {text!r}; allowed: {', '.join(LAYOUTS)}")
-    return text
+def _one_of(allowed: tuple[str, ...], what: str) -> Callable[[str, str], str]:
+    """A parser of a name from ``allowed`` (a ``what``: layout, tokenizer)."""
 
+    def parse(flag: str, text: str) -> str:
+        if text not in allowed:
+            raise UserError(f"{flag}: unknown {what} {text!r}; allowed: {', '.join(allowed)}")
+        return text
 
-def _tokenizer(flag: str, text: str) -> str:
-    """A tokenizer's name."""
-    if text not in TOKENIZERS:
-        raise UserError(f"{flag}: unknown tokenizer {text!r}; allowed: {', '.join(TOKENIZERS)}")
-    return text
+    return parse
 
 
 def _corpus(flag: str, text: str) -> str:

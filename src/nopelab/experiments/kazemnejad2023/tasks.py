@@ -385,9 +385,7 @@ def rank_table(models: pd.DataFrame) -> pd.DataFrame:
         .reset_index()
         .fillna({"ood_accuracy_std": 0.0})
     )
-    # rounded: a mean of equal accuracies summed in another order must still tie
-    score = table["ood_accuracy"].round(12)
-    table["rank"] = score.groupby(table["task"]).rank(ascending=False, method="average")
+    table["rank"] = _ood_rank(table, ["task"])
     table["reciprocal_rank"] = 1 / table["rank"]
     return table
 
@@ -396,10 +394,17 @@ def seed_mrr_table(models: pd.DataFrame) -> pd.DataFrame:
     """Per encoding and seed: the MRR over tasks of that seed's models alone (each task's
     encodings ranked by that seed's out-of-distribution accuracy), the spread of
     :func:`mrr_table`'s."""
-    score = models["ood_accuracy"].round(12)  # as rank_table: equal accuracies tie
-    rank = score.groupby([models["task"], models["seed"]]).rank(ascending=False, method="average")
-    per_seed = models.assign(reciprocal_rank=1 / rank).groupby(["pos_encoding", "seed"], sort=False)
-    return per_seed["reciprocal_rank"].mean().rename("mrr").reset_index()
+    ranked = models.assign(reciprocal_rank=1 / _ood_rank(models, ["task", "seed"]))
+    per_seed = ranked.groupby(["pos_encoding", "seed"], sort=False)["reciprocal_rank"].mean()
+    return per_seed.rename("mrr").reset_index()
+
+
+def _ood_rank(table: pd.DataFrame, within: list[str]) -> pd.Series:
+    """Each row's rank by ``ood_accuracy`` among the rows of the same ``within`` columns (1:
+    best; ties share the average rank)."""
+    # rounded: a mean of equal accuracies summed in another order must still tie
+    score = table["ood_accuracy"].round(12)
+    return score.groupby([table[c] for c in within]).rank(ascending=False, method="average")
 
 
 def mrr_table(ranks: pd.DataFrame, by_seed: pd.DataFrame) -> pd.DataFrame:
