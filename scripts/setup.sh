@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up nopelab in ./.venv: Python 3.11+, PyTorch, nopelab and its test tools.
+# Set up nopelab in ./.venv: Python 3.11.4+, PyTorch, nopelab and its test tools.
 # When .venv has no torch yet, this installs torch==2.13.0 first (the local CPU build on this kind
 # of machine), so that the package's loose "torch>=2.4" never pulls a multi-GB CUDA build. For
 # another build, set TORCH_SPEC to pip arguments, e.g.
