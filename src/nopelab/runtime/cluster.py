@@ -55,7 +55,7 @@ def connect_ray(address: str) -> None:
         _connected = address
     except Exception as exc:  # ConnectionError, or whatever else Ray raises for a bad cluster
         raise UserError(
-            f"--address: cannot connect to a Ray cluster at {address}: {first_line(exc)}"
+            f"--address: cannot connect to a Ray cluster at {address}: {_reason(exc)}"
         ) from None
     finally:
         os.dup2(saved, 2)
@@ -69,6 +69,21 @@ def connect_ray(address: str) -> None:
         ray.shutdown()
         _connected = None
         raise
+
+
+def _reason(exc: BaseException) -> str:
+    """Why Ray could not connect, in one line: a message that opens with a heading (``...:``)
+    and carries the server's traceback below it (Ray Client) ends with the error itself.
+
+    >>> _reason(ConnectionAbortedError("Initialization failure from server:\\nTraceback (most"
+    ...     " recent call last):\\n  File x, line 1\\nRuntimeError: Server startup failed.\\n"))
+    'Initialization failure from server: RuntimeError: Server startup failed.'
+    >>> _reason(ConnectionError("refused\\nretrying"))
+    'refused'
+    """
+    head, *rest = str(exc).strip().splitlines() or [""]
+    tail = [line.strip() for line in rest if line.strip()]
+    return f"{head} {tail[-1]}" if head.endswith(":") and tail else first_line(exc)
 
 
 def check_nodes(address: str, timeout: float = 300.0) -> None:
