@@ -4,7 +4,7 @@ Task models with six encodings (NoPE, a learned table, fixed sinusoids, RoPE, AL
 relative bias) are trained on instances of operand
 lengths drawn uniformly from 1..L, in the plain format (``copy(abc)=abc``, ``rev(123)=321``,
 ``12+34=64`` with the sum least-significant digit first), lines packed end to end from a line
-start with the loss on every character. Each is then tested by greedy decoding, every prompt
+start with the loss on the answers. Each is then tested by greedy decoding, every prompt
 alone from position 0, on fresh instances of every length 1..3L: exact match per length. Per
 task, the encodings are ranked by their mean accuracy over the unseen lengths L+1..3L (ties
 share the average rank), and each encoding's mean reciprocal rank (MRR) over the tasks is set
@@ -110,8 +110,7 @@ class Settings:
 
 def task_config(task: str, max_len: int, train_size: int, test_size: int) -> TaskConfig:
     """Training lines of operand lengths 1..``max_len`` in the plain format (the sum written
-    least-significant digit first), packed, the loss on every character; held-out lines
-    likewise."""
+    least-significant digit first), packed, the loss on the answers; held-out lines likewise."""
     return TaskConfig(
         name=task,  # type: ignore[arg-type]  # checked by TaskConfig
         format="plain",
@@ -121,7 +120,7 @@ def task_config(task: str, max_len: int, train_size: int, test_size: int) -> Tas
         train_size=train_size,
         test_size=test_size,
         layout="packed",
-        loss_mode="all",
+        loss_mode="answer",
     )
 
 
