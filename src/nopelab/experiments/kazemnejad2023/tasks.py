@@ -4,7 +4,7 @@ Task models with six encodings (NoPE, a learned table, fixed sinusoids, RoPE, AL
 relative bias) are trained on instances of operand
 lengths drawn uniformly from 1..L, in the plain format (``copy(abc)=abc``, ``rev(123)=321``,
 ``12+34=64`` with the sum least-significant digit first), lines packed end to end from a line
-start with the loss on the answers. Each is then tested by greedy decoding, every prompt
+start with the loss on every character. Each is then tested by greedy decoding, every prompt
 alone from position 0, on fresh instances of every length 1..3L: exact match per length. Per
 task, the encodings are ranked by their mean accuracy over the unseen lengths L+1..3L (ties
 share the average rank), and each encoding's mean reciprocal rank (MRR) over the tasks is set
@@ -110,7 +110,8 @@ class Settings:
 
 def task_config(task: str, max_len: int, train_size: int, test_size: int) -> TaskConfig:
     """Training lines of operand lengths 1..``max_len`` in the plain format (the sum written
-    least-significant digit first), packed, the loss on the answers; held-out lines likewise."""
+    least-significant digit first), packed, the loss on every character; held-out lines
+    likewise."""
     return TaskConfig(
         name=task,  # type: ignore[arg-type]  # checked by TaskConfig
         format="plain",
@@ -120,7 +121,7 @@ def task_config(task: str, max_len: int, train_size: int, test_size: int) -> Tas
         train_size=train_size,
         test_size=test_size,
         layout="packed",
-        loss_mode="answer",
+        loss_mode="all",
     )
 
 
@@ -137,7 +138,7 @@ def settings(scale: str, seed: int, device: str) -> Settings:
             raise ValueError(
                 f"scales/kazemnejad2023.toml [{scale}]: {name} must name the tasks of max_len"
             )
-    models = []
+    runs = {}  # per task: its lines, training settings and the positions a model needs
     for task, L in s.max_len.items():
         task_cfg = task_config(task, L, s.train_size[task], s.test_size)
         steps = s.steps[task]
@@ -150,12 +151,14 @@ def settings(scale: str, seed: int, device: str) -> Settings:
             device=device,
         )
         # a learned table covers the longest tested line; the other encodings take any length
-        positions = longest_line(task_cfg, STRETCH * L)
-        for offset in range(s.seeds):
+        runs[task] = (task_cfg, train, longest_line(task_cfg, STRETCH * L))
+    models = []
+    for offset in range(s.seeds):  # seed by seed: a run's first seed is whole first
+        for task, (task_cfg, train, positions) in runs.items():
             for pe in POS_ENCODINGS:
                 model = ModelConfig(**s.model, max_seq_len=positions, pos_encoding=pe)
                 run = TrainRun(model, dataclasses.replace(train, seed=seed + offset), task_cfg)
-                models.append(Model(task, L, pe, seed + offset, run))
+                models.append(Model(task, s.max_len[task], pe, seed + offset, run))
     return Settings(models, s.per_length, default_workers(device))
 
 
