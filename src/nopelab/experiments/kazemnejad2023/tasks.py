@@ -3,7 +3,8 @@
 Task models with six encodings (NoPE, a learned table, fixed sinusoids, RoPE, ALiBi and T5's
 relative bias) are trained on instances of operand
 lengths drawn uniformly from 1..L, in the plain format (``copy(abc)=abc``, ``rev(123)=321``,
-``12+34=64`` with the sum least-significant digit first), lines packed end to end from a line
+``sort(cba)=abc``; ``12+34=64`` with the sum least-significant digit first where a scale names
+``add``), lines packed end to end from a line
 start with the loss on every character. Each is then tested by greedy decoding, every prompt
 alone from position 0, on fresh instances of every length 1..3L: exact match per length. Per
 task, the encodings are ranked by their mean accuracy over the unseen lengths L+1..3L (ties
