@@ -460,6 +460,12 @@ def test_train_into_continues_a_stopped_run_and_reads_a_finished_one(
 
     monkeypatch.setattr(trained_module, "train", no_training)
     assert train_into(run, folder) == summary
+    # ... but only as the run it was: a finished run is not read back as another
+    other = dataclasses.replace(run, task=dataclasses.replace(run.task, max_len=3))
+    with pytest.raises(UserError, match=r"task.max_len = 2, but this run asks for 3"):
+        train_into(other, folder)
+    moved = dataclasses.replace(run, train=dataclasses.replace(run.train, device="auto"))
+    assert train_into(moved, folder) == summary
     # a run killed before its first checkpoint starts over; a folder nopelab did not write is kept
     monkeypatch.undo()
     early = tmp_path / "early"

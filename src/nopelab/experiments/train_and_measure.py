@@ -26,7 +26,9 @@ from nopelab.config import (
     PosEncoding,
     RunConfig,
     TrainConfig,
+    first_difference,
 )
+from nopelab.errors import UserError
 from nopelab.experiments.scale_files import scale_schema
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.run_files import WrittenAnalysis, read_analysis, write_analysis
@@ -138,6 +140,7 @@ def starting_from(run: TrainRun, folder: Path | None) -> TrainRun:
 
 def _train_one(run: TrainRun, folder: Path) -> dict[str, Any]:
     if (folder / "summary.json").is_file():
+        _check_finished(read_run(folder), run, folder)
         return json.loads((folder / "summary.json").read_text())
     resume = (folder / STATE_FILE).is_file()
     if resume:  # the weights come from the checkpoint: where a curriculum's stage started from
@@ -148,6 +151,21 @@ def _train_one(run: TrainRun, folder: Path) -> dict[str, Any]:
     summary = train(run, folder, resume=resume, force=started and not resume, label=folder.name)
     assert summary is not None
     return summary
+
+
+def _check_finished(stored: TrainRun, asked: TrainRun, folder: Path) -> None:
+    """Refuse to read a finished run back as ``asked`` when it was trained otherwise (a
+    reproduction resumed after its scale changed). Where it ran and where its curriculum stage
+    started from do not matter."""
+    difference = first_difference(
+        stored.to_dict(), asked.to_dict(), ignore=("train.device", "train.init_from")
+    )
+    if difference is not None:
+        key, old, new = difference
+        raise UserError(
+            f"--resume: {folder} holds a run finished with {key} = {old!r}, but this run "
+            f"asks for {new!r} (has the scale changed?); start a new --out"
+        )
 
 
 @dataclass
