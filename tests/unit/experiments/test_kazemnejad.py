@@ -132,10 +132,16 @@ def test_model_table_means_each_length_in_and_out_of_distribution() -> None:
          "in_distribution": k <= 2}
         for k, a in zip((1, 2, 3, 4, 5, 6), (1.0, 0.8, 0.3, 0.0, 0.0, 0.3), strict=True)
     ]  # fmt: skip
-    table = model_table(pd.DataFrame(rows))
+    held_out = [{"task": "copy", "pos_encoding": "none", "seed": 0, "held_out_accuracy": h}
+                for h in (0.95, 0.85)]  # fmt: skip
+    table = model_table(pd.DataFrame(rows), pd.DataFrame(held_out[:1]))
     assert table.loc[0, "in_distribution_accuracy"] == pytest.approx(0.9)
     assert table.loc[0, "ood_accuracy"] == pytest.approx(0.15)
     assert bool(table.loc[0, "learned"])
+    # learned or not by the held-out lines, whatever the mean over 1..L says
+    table = model_table(pd.DataFrame(rows), pd.DataFrame(held_out[1:]))
+    assert table.loc[0, "in_distribution_accuracy"] == pytest.approx(0.9)
+    assert not bool(table.loc[0, "learned"])
 
 
 def test_a_learned_table_covers_the_longest_tested_line_and_decodes_it() -> None:
@@ -221,7 +227,14 @@ def test_breaks_are_found_at_known_lengths_and_ordered() -> None:
             curves.append({"task": "copy", "pos_encoding": pe, "seed": 0, "max_len": L,
                            "length": n, "variance_slope": slope, "adjacency": 0.8,
                            "entropy_ratio": 0.6 - 0.01 * math.log(n)})  # fmt: skip
-    table = break_table(pd.DataFrame(rows), pd.DataFrame(curves)).set_index("pos_encoding")
+    learned = pd.DataFrame(
+        [
+            {"task": "copy", "pos_encoding": pe, "seed": 0, "learned": True}
+            for pe in ("none", "rope")
+        ]
+    )
+    table = break_table(pd.DataFrame(rows), pd.DataFrame(curves), learned)
+    table = table.set_index("pos_encoding")
     nope, rope = table.loc["none"], table.loc["rope"]
     assert nope["accuracy_break"] == 7 and nope["variance_slope_departure"] == 6
     assert pd.isna(nope["adjacency_departure"]) and pd.isna(nope["entropy_ratio_departure"])
