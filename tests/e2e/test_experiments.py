@@ -23,9 +23,14 @@ from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS
 from nopelab.experiments import train_and_measure as trained_module
 from nopelab.experiments.chi2023 import pretrained as chi2023_pretrained
-from nopelab.experiments.train_and_measure import stage_folder, train_into
+from nopelab.experiments.train_and_measure import (
+    check_trained,
+    stage_folder,
+    train_into,
+    training_job,
+)
 from nopelab.models.transformer import Transformer
-from nopelab.runtime.jobs import DONE
+from nopelab.runtime.jobs import DONE, run_jobs
 from nopelab.runtime.rundir import write_marker
 from nopelab.training.run import TrainRun
 from nopelab.training.task_config import TaskConfig
@@ -507,6 +512,36 @@ def test_train_into_runs_a_curriculum_stage_by_stage(tmp_path: Path) -> None:
     written = {p: p.stat().st_mtime_ns for p in (stage / "summary.json", folder / "summary.json")}
     assert train_into(final, folder, stages=(first,)) == summary
     assert {p: p.stat().st_mtime_ns for p in written} == written
+
+    # a curriculum read back must be the one asked for, stage by stage, wherever it now lies
+    moved = tmp_path / "moved" / folder.name
+    shutil.copytree(folder, moved)
+    shutil.copytree(stage, stage_folder(moved, 1))
+    check_trained(final, (first,), moved)
+    other_first = dataclasses.replace(first, task=dataclasses.replace(first_task, max_len=2))
+    with pytest.raises(UserError, match=r"wherex-none-stage1 holds a run finished with task"):
+        check_trained(final, (other_first,), moved)
+    with pytest.raises(UserError, match=r"train.init_from = 'wherex-none-stage1', but this run"):
+        check_trained(final, (), moved)  # no curriculum any more
+
+
+def test_a_resumed_job_refuses_a_model_finished_with_other_settings(tmp_path: Path) -> None:
+    """run_jobs does not run a finished job again; resumed with other settings (a scale
+    changed), it refuses the job's folder before running anything."""
+    run, root = tiny_task_run(), tmp_path / "runs"
+    other = dataclasses.replace(run, task=dataclasses.replace(run.task, max_len=3))
+    assert run_jobs([training_job("m", train_into, (run,), run)], root, "t", 1)["done"] == 1
+    files = {p: p.stat().st_mtime_ns for p in (root / "m").iterdir()}
+    jobs = [
+        training_job("m", train_into, (other,), other),
+        training_job("n", train_into, (run,), run),
+    ]
+    with pytest.raises(UserError, match=r"runs/m holds a run finished with task.max_len = 2, but"):
+        run_jobs(jobs, root, "t", 1)
+    assert not (root / "n").exists()
+    assert {p: p.stat().st_mtime_ns for p in (root / "m").iterdir()} == files
+    counts = run_jobs([training_job("m", train_into, (run,), run)], root, "t", 1)
+    assert counts["skipped"] == 1
 
 
 @pytest.mark.reference

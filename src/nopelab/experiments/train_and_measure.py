@@ -4,8 +4,10 @@
 pretrained-LM parts compare (one per positional encoding, otherwise identical);
 :func:`train_into` trains one run into its folder, after the earlier stages of its curriculum
 if it has one (continuing an interrupted run, and reading a finished one's summary instead of
-training again); :func:`analyze_trained` analyses a trained run's initial and trained weights on
-the same held-out data; :func:`train_and_analyze` is both, as one job of
+training again, once :func:`check_trained` has found it trained with the same settings);
+:func:`training_job` makes that a job of :func:`~nopelab.runtime.jobs.run_jobs` checked the
+same way when it finished before; :func:`analyze_trained` analyses a trained run's initial and
+trained weights on the same held-out data; :func:`train_and_analyze` is both, as one job of
 :func:`~nopelab.runtime.jobs.run_jobs`, and :func:`read_trained` reads its files back.
 """
 
@@ -14,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,7 @@ from nopelab.experiments.scale_files import scale_schema
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.run_files import WrittenAnalysis, read_analysis, write_analysis
 from nopelab.models.transformer import build_model
+from nopelab.runtime.jobs import Job
 from nopelab.training.checkpoint import KEPT_FOLDER, STATE_FILE
 from nopelab.training.run import TrainRun, read_run
 from nopelab.training.train import train
@@ -113,7 +117,8 @@ def perplexity_row(summary: dict[str, Any], **labels: Any) -> dict[str, Any]:
 def train_into(run: TrainRun, folder: Path, stages: Sequence[TrainRun] = ()) -> dict[str, Any]:
     """Train ``run`` into ``folder``; return the training summary.
 
-    A folder that already holds the finished run is read, not retrained; one with a checkpoint
+    A folder that already holds the finished run is read, not retrained (a run finished with
+    other settings is refused: :func:`check_trained`); one with a checkpoint
     continues from it (a resumed run retraces the uninterrupted one exactly). ``stages`` are the
     earlier stages of a curriculum (the same model on easier data): each trains into
     :func:`stage_folder` and starts from the weights of the one before, ``run`` from the last.
@@ -140,7 +145,7 @@ def starting_from(run: TrainRun, folder: Path | None) -> TrainRun:
 
 def _train_one(run: TrainRun, folder: Path) -> dict[str, Any]:
     if (folder / "summary.json").is_file():
-        _check_finished(read_run(folder), run, folder)
+        _check_finished(run, folder)
         return json.loads((folder / "summary.json").read_text())
     resume = (folder / STATE_FILE).is_file()
     if resume:  # the weights come from the checkpoint: where a curriculum's stage started from
@@ -153,12 +158,33 @@ def _train_one(run: TrainRun, folder: Path) -> dict[str, Any]:
     return summary
 
 
-def _check_finished(stored: TrainRun, asked: TrainRun, folder: Path) -> None:
-    """Refuse to read a finished run back as ``asked`` when it was trained otherwise (a
-    reproduction resumed after its scale changed). Where it ran and where its curriculum stage
-    started from do not matter."""
+def training_job(
+    key: str, fn: Callable[..., Any], args: tuple[Any, ...], run: TrainRun,
+    stages: Sequence[TrainRun] = (),
+) -> Job:  # fmt: skip
+    """The job ``fn(*args, folder)`` that trains ``run`` (after ``stages``) into its folder as
+    :func:`train_into` does; resumed, it refuses a folder finished with other settings."""
+    return Job(key, fn, args, check=partial(check_trained, run, tuple(stages)))
+
+
+def check_trained(run: TrainRun, stages: Sequence[TrainRun], folder: Path) -> None:
+    """Refuse ``folder`` if it, or a stage of its curriculum, holds a run finished with other
+    settings than :func:`train_into` would give it: a reproduction resumed after its scale
+    changed would otherwise read back models trained otherwise."""
+    previous = None
+    for number, stage in enumerate(stages, 1):
+        _check_finished(starting_from(stage, previous), stage_folder(folder, number))
+        previous = stage_folder(folder, number)
+    _check_finished(starting_from(run, previous), folder)
+
+
+def _check_finished(asked: TrainRun, folder: Path) -> None:
+    """A finished run in ``folder`` must be ``asked``, wherever it ran and wherever the folders
+    have moved since (a curriculum stage's ``init_from`` is compared by folder name)."""
+    if not (folder / "summary.json").is_file():
+        return
     difference = first_difference(
-        stored.to_dict(), asked.to_dict(), ignore=("train.device", "train.init_from")
+        _comparable(read_run(folder)), _comparable(asked), ignore=("train.device",)
     )
     if difference is not None:
         key, old, new = difference
@@ -166,6 +192,13 @@ def _check_finished(stored: TrainRun, asked: TrainRun, folder: Path) -> None:
             f"--resume: {folder} holds a run finished with {key} = {old!r}, but this run "
             f"asks for {new!r} (has the scale changed?); start a new --out"
         )
+
+
+def _comparable(run: TrainRun) -> dict[str, dict[str, Any]]:
+    settings = run.to_dict()
+    if (start := settings["train"].get("init_from")) is not None:
+        settings["train"]["init_from"] = Path(start).name
+    return settings
 
 
 @dataclass

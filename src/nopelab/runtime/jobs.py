@@ -39,11 +39,15 @@ STOP_WAIT = 10.0  # seconds stopped workers get to clean up (locks, temporary fi
 @dataclass(frozen=True)
 class Job:
     """``fn(*args, folder)`` writes the job's files into ``folder`` (``ROOT/KEY``); ``fn`` is a
-    module-level function, so that a worker process can import it."""
+    module-level function, so that a worker process can import it. ``check(folder)``, where
+    given, is called on the folder of a job finished before, which is not run again: it raises
+    a ``UserError`` when that folder holds the work of other settings (a run resumed after its
+    settings changed)."""
 
     key: str
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
+    check: Callable[[Path], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,8 +91,8 @@ def run_jobs(
     share: Share = Share(),
     keep_going: bool = False,
 ) -> dict[str, int]:
-    """Run every unfinished job of ``jobs`` into ``root``; return how many are ``done`` (now and
-    before), ``failed`` and ``skipped`` (finished before).
+    """Run every unfinished job of ``jobs`` into ``root`` (after checking the finished ones);
+    return how many are ``done`` (now and before), ``failed`` and ``skipped`` (finished before).
 
     ``workers``: CPUs to use here, each job reserving ``share.cpus`` of them (even a single job
     left runs in a worker, so its numbers are those of a ``share.threads``-thread run);
@@ -101,6 +105,9 @@ def run_jobs(
     if len(set(keys)) != len(keys):
         raise ValueError(f"job keys repeat: {keys}")
     todo = [job for job in jobs if not is_done(root, job.key)]
+    for job in jobs:
+        if job.check is not None and is_done(root, job.key):
+            job.check(root / job.key)
     skipped = len(jobs) - len(todo)
     counts = {"done": skipped, "failed": 0, "skipped": skipped}
     say(f"{title}: {len(jobs)} {what}, {skipped} finished before, {len(todo)} to run")

@@ -39,12 +39,13 @@ from nopelab.experiments.train_and_measure import (
     perplexity_row,
     read_trained,
     train_and_analyze,
+    training_job,
 )
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.capture import CaptureResult
 from nopelab.models.transformer import build_model
 from nopelab.runtime.device import resolve_device
-from nopelab.runtime.jobs import Job, default_workers, run_jobs
+from nopelab.runtime.jobs import default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
 from nopelab.tables import markdown_table
 from nopelab.training.checkpoint import load_model
@@ -142,7 +143,7 @@ def _decay(variance: np.ndarray) -> dict[str, float]:
 
 def run(settings: Settings, out: Path) -> None:
     jobs = [
-        Job(f"lm-{pe}", train_and_follow, (train_run, settings.analysis))
+        training_job(f"lm-{pe}", train_and_follow, (train_run, settings.analysis), train_run)
         for pe, train_run in settings.runs.items()
     ]
     run_jobs(jobs, out / "runs", "chi2023 language models", settings.workers, what="models")

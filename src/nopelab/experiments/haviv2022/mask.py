@@ -37,12 +37,13 @@ from nopelab.experiments.train_and_measure import (
     lm_runs,
     read_trained,
     train_into,
+    training_job,
 )
 from nopelab.measure.length import chosen_windows
 from nopelab.measure.shuffle import prefix_shuffle
 from nopelab.probing.pipeline import probe_model
 from nopelab.runtime.device import resolve_device
-from nopelab.runtime.jobs import Job, default_workers, run_jobs
+from nopelab.runtime.jobs import default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
 from nopelab.tables import markdown_table, mean_std
 from nopelab.training.run import TrainRun
@@ -179,7 +180,7 @@ def _labels(model: Model) -> dict[str, Any]:
 
 
 def run(settings: Settings, out: Path) -> None:
-    jobs = [Job(m.key, measure, (m, settings)) for m in settings.models]
+    jobs = [training_job(m.key, measure, (m, settings), m.run) for m in settings.models]
     run_jobs(jobs, out / "runs", "haviv2022 causal and masked LMs", settings.workers, what="models")
     labelled = [(m.key, _labels(m)) for m in settings.models]
     perplexity = pd.DataFrame(

@@ -33,10 +33,16 @@ from nopelab.experiments.summary_template import (
     schedule_values,
     shape_values,
 )
-from nopelab.experiments.train_and_measure import CorpusScale, lm_runs, perplexity_row, train_into
+from nopelab.experiments.train_and_measure import (
+    CorpusScale,
+    lm_runs,
+    perplexity_row,
+    train_into,
+    training_job,
+)
 from nopelab.probing.pipeline import probe_model
 from nopelab.runtime.device import resolve_device
-from nopelab.runtime.jobs import Job, default_workers, run_jobs
+from nopelab.runtime.jobs import default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
 from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training.run import TrainRun
@@ -194,7 +200,7 @@ def train_and_probe(
 def run(settings: Settings, out: Path) -> None:
     a = settings.analysis
     jobs = [
-        Job(f"lm-{pe}", train_and_probe, (pe, train_run, a, settings.probe))
+        training_job(f"lm-{pe}", train_and_probe, (pe, train_run, a, settings.probe), train_run)
         for pe, train_run in settings.runs.items()
     ]
     run_jobs(jobs, out / "runs", "haviv2022 language models", settings.workers, what="models")

@@ -27,10 +27,10 @@ from nopelab.experiments.haviv2022 import figures
 from nopelab.experiments.outputs import model_file, write_outputs
 from nopelab.experiments.scale_files import read_published, read_scales, scale_schema
 from nopelab.experiments.summary_template import corpus_values, fill
-from nopelab.experiments.train_and_measure import lm_runs, train_into
+from nopelab.experiments.train_and_measure import lm_runs, train_into, training_job
 from nopelab.limits import check_training, parameter_count
 from nopelab.runtime.device import resolve_device
-from nopelab.runtime.jobs import Job, default_workers, run_jobs
+from nopelab.runtime.jobs import default_workers, run_jobs
 from nopelab.tables import markdown_table, mean_std
 from nopelab.training.corpus import load_text, split_text
 from nopelab.training.run import TrainRun
@@ -159,7 +159,7 @@ def check_sizes(sizes: list[dict[str, int]]) -> None:
 
 
 def run(settings: Settings, out: Path) -> None:
-    jobs = [Job(m.key, train_into, (m.run,)) for m in settings.models]
+    jobs = [training_job(m.key, train_into, (m.run,), m.run) for m in settings.models]
     run_jobs(jobs, out / "runs", "haviv2022 sizes", settings.workers, what="models")
     rows, curves = [], []
     first = settings.models[0]  # every model trains on the same text

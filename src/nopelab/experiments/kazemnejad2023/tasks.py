@@ -41,12 +41,12 @@ from nopelab.experiments.kazemnejad2023 import figures
 from nopelab.experiments.outputs import gather, model_file, write_outputs
 from nopelab.experiments.scale_files import read_published, read_scales, scale_schema
 from nopelab.experiments.summary_template import fill, sentence, shape_values
-from nopelab.experiments.train_and_measure import train_into
+from nopelab.experiments.train_and_measure import train_into, training_job
 from nopelab.measure import breaks
 from nopelab.measure.capture import StreamingCapture
 from nopelab.models.transformer import Transformer
 from nopelab.runtime.device import resolve_device
-from nopelab.runtime.jobs import Job, default_workers, run_jobs
+from nopelab.runtime.jobs import default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
 from nopelab.tables import markdown_table, mean_std
 from nopelab.training.run import TrainRun
@@ -61,8 +61,8 @@ LABELS = labels_of(POS_ENCODINGS)
 _MRR = read_published("kazemnejad2023")["mrr"]
 PUBLISHED_MRR: dict[str, float] = {pe: _MRR[pe] for pe in POS_ENCODINGS}
 STRETCH = 3  # tested at lengths 1..STRETCH x L
-# held-out exact match (lines drawn as the training lines) below which a model has not learned
-# its task
+# held-out exact match (on the test split: lines of lengths 1..L that are not training lines)
+# below which a model has not learned its task
 LEARNED_AT = 0.9
 BROKEN_AT = 0.5  # accuracy breaks where it stays below this share of the in-distribution mean
 # How far a mechanism may stray from its trend over the training lengths before it departs
@@ -264,7 +264,9 @@ def mechanisms(
 
 def run(settings: Settings, out: Path) -> None:
     jobs = [
-        Job(m.key, train_and_test, (m.run, STRETCH * m.max_len, settings.per_length))
+        training_job(
+            m.key, train_and_test, (m.run, STRETCH * m.max_len, settings.per_length), m.run
+        )
         for m in settings.models
     ]
     run_jobs(jobs, out / "runs", "kazemnejad2023 task models", settings.workers, what="models")
@@ -368,9 +370,9 @@ def model_table(by_length: pd.DataFrame, trainings: pd.DataFrame) -> pd.DataFram
     """Per model: mean exact match over the training lengths (in distribution) and over the
     longer ones (out of distribution), each length weighing the same, beside its row of
     ``trainings``; ``learned``: its ``held_out_accuracy`` at the end of training reaches
-    :data:`LEARNED_AT`. That held-out set is drawn as the training lines are, where a length
-    with few distinct prompts is a sliver (reverse has 10 lines of length 1), while the mean
-    over 1..L gives each length the same weight."""
+    :data:`LEARNED_AT`. That test split holds the longer lengths, whose prompts the training
+    lines do not exhaust; the mean over 1..L weighs as much as them a short length with few
+    distinct prompts, every one a training line (reverse has ten of length 1)."""
     keys = ["task", "pos_encoding", "seed"]
     mean = by_length.groupby([*keys, "in_distribution"], sort=False)["accuracy"].mean()
     table = mean.unstack("in_distribution").rename(

@@ -51,7 +51,7 @@ from nopelab.experiments.summary_template import (
     sentence,
     shape_values,
 )
-from nopelab.experiments.train_and_measure import lm_runs, train_into
+from nopelab.experiments.train_and_measure import lm_runs, train_into, training_job
 from nopelab.experiments.wang2024 import figures
 from nopelab.measure.analysis import analyze_model
 from nopelab.measure.breaks import COINCIDE, departure, lasting_from, order
@@ -65,7 +65,7 @@ from nopelab.measure.length import (
 )
 from nopelab.models.transformer import Transformer
 from nopelab.runtime.device import resolve_device
-from nopelab.runtime.jobs import Job, default_workers, run_jobs
+from nopelab.runtime.jobs import default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
 from nopelab.tables import markdown_table
 from nopelab.training.headscale import (
@@ -371,7 +371,10 @@ def flat_comparison(breaks: dict[str, dict[str, Any]]) -> str:
 
 
 def run(settings: Settings, out: Path) -> None:
-    jobs = [Job(m.key, measure_model, (m.run, settings.measures)) for m in settings.models]
+    jobs = [
+        training_job(m.key, measure_model, (m.run, settings.measures), m.run)
+        for m in settings.models
+    ]
     run_jobs(jobs, out / "runs", "wang2024 language models", settings.workers, what="models")
     tables: dict[str, list[pd.DataFrame]] = {"perplexity": [], "positions": [], "mechanisms": []}
     headscale = {}

@@ -23,9 +23,9 @@ from nopelab.config import PosEncoding
 from nopelab.encodings import labels_of
 from nopelab.experiments.outputs import model_file, write_outputs
 from nopelab.experiments.summary_template import fill
-from nopelab.experiments.train_and_measure import stage_folder, train_into
+from nopelab.experiments.train_and_measure import stage_folder, train_into, training_job
 from nopelab.experiments.zuo2025 import figures, trained
-from nopelab.runtime.jobs import Job, run_jobs
+from nopelab.runtime.jobs import run_jobs
 from nopelab.tables import markdown_table
 from nopelab.training.run import TrainRun
 from nopelab.training.task_config import Layout
@@ -63,7 +63,13 @@ def run(settings: Settings, out: Path) -> None:
         first.runs, key=lambda key: (trained.POS_ENCODINGS.index(key[1]), -trained.cost(first, key))
     )
     jobs = [
-        Job(job_name(*key, seed), train_job, (by.runs[key], by.stages[key]))
+        training_job(
+            job_name(*key, seed),
+            train_job,
+            (by.runs[key], by.stages[key]),
+            by.runs[key],
+            by.stages[key],
+        )
         for key in order
         if key[1] in POS_ENCODINGS
         for seed, by in settings.by_seed.items()

@@ -29,7 +29,7 @@ from nopelab.errors import UserError
 from nopelab.experiments.outputs import gather, write_outputs
 from nopelab.experiments.scale_files import read_scales, scale_schema
 from nopelab.experiments.summary_template import fill, shape_values
-from nopelab.experiments.train_and_measure import train_into
+from nopelab.experiments.train_and_measure import train_into, training_job
 from nopelab.experiments.zuo2025 import trained as zuo2025_trained
 from nopelab.models.transformer import Transformer, build_model
 from nopelab.probing import signals
@@ -247,7 +247,9 @@ def run(settings: Settings, out: Path) -> None:
     first = next(iter(settings.runs.values()))
     names = {task: f"{task}-none" for task in settings.runs}
     jobs = [Job(RANDOM, probe_random_init, (first, settings))] + [
-        Job(names[task], train_and_probe, (task, run, settings))
+        training_job(
+            names[task], train_and_probe, (task, run, settings), run, settings.stages[task]
+        )
         for task, run in settings.runs.items()
     ]
     run_jobs(jobs, out / "runs", "zuo2025 probed models", settings.workers, what="models")

@@ -35,10 +35,15 @@ from nopelab.config import AnalysisConfig, ModelConfig, PosEncoding, Site, Train
 from nopelab.experiments.outputs import model_file, write_outputs
 from nopelab.experiments.scale_files import read_scales, scale_schema
 from nopelab.experiments.summary_template import fill, shape_values
-from nopelab.experiments.train_and_measure import read_trained, stage_folder, train_and_analyze
+from nopelab.experiments.train_and_measure import (
+    read_trained,
+    stage_folder,
+    train_and_analyze,
+    training_job,
+)
 from nopelab.experiments.zuo2025 import figures
 from nopelab.runtime.device import resolve_device
-from nopelab.runtime.jobs import Job, default_workers, run_jobs
+from nopelab.runtime.jobs import default_workers, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training.run import TrainRun
 from nopelab.training.task_config import Layout, LossMode, TaskConfig
@@ -180,10 +185,12 @@ def run(settings: Settings, out: Path) -> None:
         settings.runs, key=lambda key: (POS_ENCODINGS.index(key[1]), -cost(settings, key))
     )
     jobs = [
-        Job(
+        training_job(
             names[key],
             train_and_analyze,
             (settings.runs[key], settings.analyses[key[0]], settings.stages[key]),
+            settings.runs[key],
+            settings.stages[key],
         )
         for key in order
     ]
