@@ -14,7 +14,7 @@ import string
 from dataclasses import dataclass
 from typing import ClassVar, Literal, get_args
 
-Task = Literal["add", "reverse", "order", "wherex", "copy", "count", "sort", "sum", "parity"]
+Task = Literal["add", "reverse", "order", "wherex", "copy", "dup", "count", "sort", "sum", "parity"]
 MAX_LEN = 1024  # the longest operand a task allows unless it says otherwise
 DIGITS = string.digits
 LETTERS = string.ascii_lowercase
@@ -247,6 +247,17 @@ class Copy(_Letters):
     def example(self, operands: Operands, fmt: str, reversed_answer: bool = False) -> Example:
         (letters,) = operands
         return Example(f"copy({letters})=", letters)
+
+
+@task
+class Duplicate(_Letters):
+    """``dup(abc)=abcabc``: the letters twice (copy with a repeat)."""
+
+    name = "dup"
+
+    def example(self, operands: Operands, fmt: str, reversed_answer: bool = False) -> Example:
+        (letters,) = operands
+        return Example(f"dup({letters})=", letters * 2)
 
 
 @task

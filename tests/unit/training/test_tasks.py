@@ -42,6 +42,7 @@ PROMPTS = {
     "order": re.compile(r"order\((\d+),(\d+)\)="),
     "wherex": re.compile(r"wherex\((\d+),(\d)\)="),
     "copy": re.compile(r"copy\(([a-z]+)\)="),
+    "dup": re.compile(r"dup\(([a-z]+)\)="),
     "count": re.compile(r"count\(([a-z]+)\)="),
     "sort": re.compile(r"sort\(([a-z]+)\)="),
     "sum": re.compile(r"sum\((\d+)\)="),
@@ -98,6 +99,7 @@ def solve(name: str, prompt: str, reversed_answer: bool = False) -> tuple[str, i
     answers = {
         "reverse": lambda: "".join(reversed(first)),
         "copy": lambda: first,
+        "dup": lambda: first + first,
         "count": lambda: str(sum(1 for _ in first)),
         "sort": lambda: "".join(sorted(first, key=ord)),
         "sum": lambda: str(sum(int(d) for d in first) % 10),
@@ -164,6 +166,7 @@ def test_solver_agrees_with_the_documented_examples() -> None:
     assert solve("order", "order(13597,79351)=") == ("43120", 5)
     assert solve("wherex", "wherex(1845124,4)=") == ("2", 7)
     assert solve("copy", "copy(hello)=") == ("hello", 5)
+    assert solve("dup", "dup(hello)=") == ("hellohello", 5)
     assert solve("count", "count(hello)=") == ("5", 5)
     assert solve("sort", "sort(hello)=") == ("ehllo", 5)
     assert solve("sum", "sum(3141)=") == ("9", 4)
@@ -198,6 +201,7 @@ def test_max_lengths_are_reached(cfg: TaskConfig) -> None:
         "order": f"order({'0123456789'[:k]},{'0123456789'[:k]})=",
         "wherex": f"wherex({'1' * (k - 1)}2,2)=",
         "copy": f"copy({'a' * k})=",
+        "dup": f"dup({'a' * k})=",
         "count": f"count({'a' * k})=",
         "sort": f"sort({'a' * k})=",
         "sum": f"sum({'9' * k})=",
