@@ -8,13 +8,17 @@ an independent solver once its prompt pattern is added there.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import string
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar, Literal, get_args
 
-Task = Literal["add", "reverse", "order", "wherex", "copy", "dup", "count", "sort", "sum", "parity"]
+Task = Literal[
+    "add", "reverse", "order", "wherex", "copy", "dup", "count", "sort", "sum", "parity", "scan"
+]
 MAX_LEN = 1024  # the longest operand a task allows unless it says otherwise
 DIGITS = string.digits
 LETTERS = string.ascii_lowercase
@@ -67,6 +71,11 @@ class TaskKind:
     def longest(self, k: int) -> Operands:
         """Operands of length ``k`` whose line is the longest one of that length."""
         raise NotImplementedError
+
+    def extremes(self, k: int) -> tuple[Operands, ...]:
+        """Operands whose lines hold, between them, the longest prompt, answer and line of
+        lengths up to ``k`` (a task whose lines all grow with the length: :meth:`longest`)."""
+        return (self.longest(k),)
 
     def count(self, fmt: str, k: int) -> int:
         """How many distinct prompts of length ``k`` exist."""
@@ -320,6 +329,82 @@ class Parity(_Symbols):
     def example(self, operands: Operands, fmt: str, reversed_answer: bool = False) -> Example:
         (bits,) = operands
         return Example(f"parity({bits})=", str(bits.count("1") % 2))
+
+
+SCAN_VERBS = {"w": "W", "k": "K", "r": "R", "j": "J"}  # walk, look, run, jump
+SCAN_TURNS = {"<": "<", ">": ">"}  # left, right: the turn's action
+
+
+def _scan_views() -> Iterator[tuple[str, str]]:
+    """SCAN's V: a verb, with a direction, opposite or around one (``turn`` is ``t``)."""
+    yield from SCAN_VERBS.items()
+    for verb, act in [*SCAN_VERBS.items(), ("t", "")]:
+        for side, turn in SCAN_TURNS.items():
+            yield verb + side, turn + act
+            yield verb + "o" + side, turn + turn + act
+            yield verb + "a" + side, (turn + act) * 4
+
+
+@functools.cache
+def scan_commands() -> dict[int, tuple[tuple[str, str], ...]]:
+    """Every SCAN command (20 910) with its actions, by number of actions."""
+    singles = [
+        (view + times, acts * int(times or 1))
+        for view, acts in _scan_views()
+        for times in ("", "2", "3")
+    ]
+    commands = list(singles)
+    for first, a in singles:
+        for second, b in singles:
+            commands += [(f"{first}&{second}", a + b), (f"{first}^{second}", b + a)]
+    by_length: dict[int, list[tuple[str, str]]] = {}
+    for command, acts in sorted(commands):
+        by_length.setdefault(len(acts), []).append((command, acts))
+    return {k: tuple(v) for k, v in sorted(by_length.items())}
+
+
+@task
+class Scan(TaskKind):
+    """``scan(jo<3&w)=<<J<<J<<JW``: Lake and Baroni's SCAN commands (Kazemnejad et al.'s SCAN),
+    a character a word: verbs ``w k r j`` (walk, look, run, jump) and ``t`` (turn), ``<``/``>``
+    (left/right), ``o`` (opposite), ``a`` (around), ``2``/``3`` (twice/thrice), ``&`` (and),
+    ``^`` (after); the answer's actions ``W K R J`` and the turns ``<``/``>``. A length is the
+    number of actions, as in SCAN's length split (training on 1..22); some lengths (23, 29,
+    ...) have no command and are skipped."""
+
+    name = "scan"
+    plain_lengths = (1, 22)
+    limit = 48  # the most actions a command has
+
+    def example(self, operands: Operands, fmt: str, reversed_answer: bool = False) -> Example:
+        (command,) = operands
+        return Example(f"scan({command})=", self._actions()[command])
+
+    @staticmethod
+    @functools.cache
+    def _actions() -> dict[str, str]:
+        return {c: a for group in scan_commands().values() for c, a in group}
+
+    def draw(self, fmt: str, lengths: tuple[int, int], rng: random.Random) -> Operands:
+        lo, hi = lengths
+        return self.draw_plain(rng.choice([k for k in scan_commands() if lo <= k <= hi]), rng)
+
+    def draw_plain(self, k: int, rng: random.Random) -> Operands:
+        return (rng.choice(scan_commands()[k])[0],)
+
+    def longest(self, k: int) -> Operands:
+        return self.extremes(k)[2]
+
+    @functools.cache  # noqa: B019  # the registry's one instance lives as long as the module
+    def extremes(self, k: int) -> tuple[Operands, ...]:
+        upto = [(c, a) for n, group in scan_commands().items() if n <= k for c, a in group]
+        command = max(upto, key=lambda line: len(line[0]))[0]
+        answer = max(upto, key=lambda line: len(line[1]))[0]
+        line = max(upto, key=lambda line: len(line[0]) + len(line[1]))[0]
+        return (command,), (answer,), (line,)
+
+    def count(self, fmt: str, k: int) -> int:
+        return len(scan_commands().get(k, ()))
 
 
 if set(TASK_KINDS) != set(get_args(Task)):

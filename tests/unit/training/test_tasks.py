@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import time
@@ -47,7 +48,33 @@ PROMPTS = {
     "sort": re.compile(r"sort\(([a-z]+)\)="),
     "sum": re.compile(r"sum\((\d+)\)="),
     "parity": re.compile(r"parity\(([01]+)\)="),
+    "scan": re.compile(r"scan\(([wkrjt<>oa23&^]+)\)="),
 }
+
+SCAN_WORDS = {  # SCAN's words and their characters in the scan task
+    "walk": "w", "look": "k", "run": "r", "jump": "j", "turn": "t", "left": "<", "right": ">",
+    "opposite": "o", "around": "a", "twice": "2", "thrice": "3", "and": "&", "after": "^",
+}  # fmt: skip
+SCAN_ACTIONS = {"W": "WALK", "K": "LOOK", "R": "RUN", "J": "JUMP", "<": "LTURN", ">": "RTURN"}
+SCAN_PHRASE = re.compile(r"([wkrjt])(?:([oa]?)([<>]))?([23]?)")
+
+
+def interpret_scan(command: str) -> str:
+    """SCAN's semantics, read off the command by a parser (the task enumerates instead)."""
+    if "&" in command or "^" in command:
+        first, glue, second = re.split(r"([&^])", command)
+        a, b = interpret_scan(first), interpret_scan(second)
+        return a + b if glue == "&" else b + a
+    match = SCAN_PHRASE.fullmatch(command)
+    assert match, f"malformed SCAN phrase {command!r}"
+    verb, how, side, times = match.groups()
+    act = "" if verb == "t" else verb.upper()
+    assert act or side, f"turn without a direction: {command!r}"
+    if side is None:
+        phrase = act
+    else:
+        phrase = {"": side + act, "o": side + side + act, "a": (side + act) * 4}[how]
+    return phrase * int(times or 1)
 
 
 def column_sum(a: str, b: str) -> list[str]:
@@ -105,6 +132,9 @@ def solve(name: str, prompt: str, reversed_answer: bool = False) -> tuple[str, i
         "sum": lambda: str(sum(int(d) for d in first) % 10),
         "parity": lambda: "1" if first.count("1") % 2 else "0",
     }
+    if name == "scan":  # a SCAN command's length is its number of actions
+        actions = interpret_scan(first)
+        return actions, len(actions)
     return answers[name](), len(first)
 
 
@@ -171,6 +201,60 @@ def test_solver_agrees_with_the_documented_examples() -> None:
     assert solve("sort", "sort(hello)=") == ("ehllo", 5)
     assert solve("sum", "sum(3141)=") == ("9", 4)
     assert solve("parity", "parity(1011)=") == ("1", 4)
+    assert solve("scan", "scan(jo<3&w)=") == ("<<J<<J<<JW", 10)
+
+
+@pytest.mark.parametrize(
+    ("words", "actions"),
+    [  # examples of Lake and Baroni's SCAN paper
+        ("jump", "JUMP"),
+        ("jump left", "LTURN JUMP"),
+        ("jump around right", "RTURN JUMP RTURN JUMP RTURN JUMP RTURN JUMP"),
+        ("turn left twice", "LTURN LTURN"),
+        ("jump thrice", "JUMP JUMP JUMP"),
+        ("jump opposite left and walk thrice", "LTURN LTURN JUMP WALK WALK WALK"),
+        (
+            "jump opposite left after walk around left",
+            "LTURN WALK LTURN WALK LTURN WALK LTURN WALK LTURN LTURN JUMP",
+        ),
+    ],
+)
+def test_scan_follows_the_papers_examples(words: str, actions: str) -> None:
+    command = "".join(SCAN_WORDS[w] for w in words.split())
+    example = TASK_KINDS["scan"].example((command,), "plain")
+    assert example.prompt == f"scan({command})="
+    assert " ".join(SCAN_ACTIONS[a] for a in example.answer) == actions
+    assert interpret_scan(command) == example.answer
+
+
+@functools.cache
+def scan_grammar() -> tuple[str, ...]:
+    """Every command SCAN's grammar derives, expanded word by word, then written a character a
+    word."""
+    verbs = ["walk", "look", "run", "jump"]
+    directions = [f"{d} {side}" for d in [*verbs, "turn"] for side in ("left", "right")]
+    views = [
+        *verbs,
+        *directions,
+        *(f"{v} {how} {side}" for v in [*verbs, "turn"] for how in ("opposite", "around")
+          for side in ("left", "right")),
+    ]  # fmt: skip
+    singles = [f"{v}{times}" for v in views for times in ("", " twice", " thrice")]
+    glued = [f"{a} {glue} {b}" for a in singles for b in singles for glue in ("and", "after")]
+    return tuple("".join(SCAN_WORDS[w] for w in c.split()) for c in singles + glued)
+
+
+def test_scan_has_every_command_of_the_grammar_once() -> None:
+    """SCAN's 20 910 commands, counted per number of actions as the task counts them."""
+    commands = scan_grammar()
+    assert len(commands) == len(set(commands)) == 20_910
+    lengths: dict[int, int] = {}
+    for command in commands:
+        k = len(interpret_scan(command))
+        lengths[k] = lengths.get(k, 0) + 1
+    kind = TASK_KINDS["scan"]
+    assert {k: kind.count("plain", k) for k in range(1, 49) if kind.count("plain", k)} == lengths
+    assert kind.count_in("plain", (1, 48)) == 20_910 and kind.count("plain", 23) == 0
 
 
 @pytest.mark.parametrize("cfg", VARIANTS, ids=VARIANT_IDS)
@@ -206,12 +290,19 @@ def test_max_lengths_are_reached(cfg: TaskConfig) -> None:
         "sort": f"sort({'a' * k})=",
         "sum": f"sum({'9' * k})=",
         "parity": f"parity({'1' * k})=",
+        "scan": "scan(to<2&to<2)=",  # the longest command; its line is not the longest one
     }[cfg.name]
     if cfg.resolved_format == "zuo":
         longest = "$" * (cfg.name == "add") + longest
         answer, _ = solve_zuo(cfg.name, longest)
     else:
         answer, _ = solve(cfg.name, longest, cfg.reversed_answer)
+    if cfg.name == "scan":  # prompt and answer grow apart: the longest of each, brute force
+        lines = [(f"scan({c})=", a) for c in scan_grammar() if len(a := interpret_scan(c)) <= k]
+        assert max_answer_len(cfg) == max(len(a) for _, a in lines)
+        assert max_prompt_len(cfg) == max(len(p) for p, _ in lines) == len(longest)
+        assert max_line_len(cfg) == max(len(p) + len(a) + 1 for p, a in lines)
+        return
     assert max_answer_len(cfg) == len(answer)
     assert max_prompt_len(cfg) == len(longest)
     assert max_line_len(cfg) == len(longest) + len(answer) + 1
