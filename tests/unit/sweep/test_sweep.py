@@ -109,6 +109,9 @@ def test_cells_cross_axes_zip_pairs_and_seeds_multiply() -> None:
         (grid_text("", top="seeds = []"), "seeds", "non-empty"),
         (grid_text("", top="seeds = [0, -1]"), "seeds", "must be an int in 0..9223372036854775807, got -1"),
         ('command = "train"\n[axes]\n"corpus.source" = ["sotu", "sotu+sotu"]', "axes.corpus.source", "'sotu' appears twice"),
+        # copy(aaaaaaaa)=aaaaaaaa and its newline: 24 characters, more than a row holds
+        ('command = "train"\n[base.task]\nname = "copy"\nmax_len = 8\n[base.train]\nseq_len = 16', "base.train.seq_len", "line of the task (24 characters), got 16"),
+        ('command = "train"\n[base.task]\nname = "copy"\nmax_len = 8\n[axes]\n"train.seq_len" = [24, 23]', "axes.train.seq_len", "(24 characters), got 23"),
         (grid_text("[resources]\ncpus_per_cell = 0"), "resources.cpus_per_cell", "> 0"),
         (grid_text("[resources]\nthreads = 2"), "resources.threads", "unknown key"),
     ],

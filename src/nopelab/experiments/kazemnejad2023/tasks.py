@@ -50,9 +50,9 @@ from nopelab.runtime.jobs import default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
 from nopelab.tables import markdown_table, mean_std
 from nopelab.training.run import TrainRun
-from nopelab.training.task_config import TaskConfig
+from nopelab.training.task_config import TaskConfig, max_line_len
 from nopelab.training.task_kinds import TASK_KINDS, Example
-from nopelab.training.tasks import accuracy, encode, make_splits, max_line_len
+from nopelab.training.tasks import accuracy, encode, make_splits
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "rope", "alibi", "t5")
 LABELS = labels_of(POS_ENCODINGS)
