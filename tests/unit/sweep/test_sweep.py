@@ -418,16 +418,17 @@ def test_a_sweep_stopped_while_a_cell_writes_its_results_leaves_no_temporary_fil
 
 @pytest.mark.slow
 def test_a_failing_cell_is_recorded_and_the_others_finish(tmp_path: Path) -> None:
-    """seq_len 8 cannot hold a copy line: that cell fails at run time with one line."""
-    grid = write_grid(tmp_path, grid_text('[axes]\n"train.seq_len" = [8, 32]'))
+    """Copy lines of one letter are 26, fewer than the 200 training lines asked for: the check
+    of the grid does not draw lines, so that cell fails at run time, with one line."""
+    grid = write_grid(tmp_path, grid_text('[axes]\n"task.max_len" = [1, 3]'))
     out = tmp_path / "out"
     done = run_sweep_cli([str(grid), "--out", str(out)], tmp_path)
     assert done.returncode == 1, done.stderr
     assert "1 cells failed" in done.stderr
     (failure,) = (out / "failed").glob("*.txt")
-    assert "seq_len" in failure.read_text() and len(failure.read_text().splitlines()) == 1
+    assert "train_size" in failure.read_text() and len(failure.read_text().splitlines()) == 1
     rows = pd.read_parquet(out / "results")
-    assert list(rows["train.seq_len"]) == [32]
+    assert list(rows["task.max_len"]) == [3]
 
 
 @pytest.mark.slow
