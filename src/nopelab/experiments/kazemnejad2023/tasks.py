@@ -205,8 +205,8 @@ def train_and_test(run: TrainRun, longest: int, per_length: int, folder: Path) -
 def instances_by_length(
     run: TrainRun, longest: int, per_length: int
 ) -> dict[int, tuple[list[Example], int]]:
-    """Per operand length 1..``longest`` that has instances: :func:`length_test`'s instances for ``run``'s task and
-    seed, and how many of them are training prompts."""
+    """Per operand length 1..``longest`` that has instances: :func:`length_test`'s instances
+    for ``run``'s task and seed, and how many of them are training prompts."""
     task_cfg = run.task_config
     kind, fmt = TASK_KINDS[task_cfg.name], task_cfg.resolved_format
     trained = {e.prompt for e in make_splits(task_cfg, run.train.seed)[0]}
