@@ -173,12 +173,15 @@ def validate(cell: Cell) -> None:
     """Build the cell's settings into the config dataclasses (what the cell will run)."""
     from nopelab.config import RunConfig, build, embedded_names
     from nopelab.training.run import TrainRun
+    from nopelab.training.task_config import check_seq_len
 
     s = cell.settings
     if cell.command in ("train", "train+analyze"):
         run = TrainRun.from_dict({k: v for k, v in s.items() if k != "analysis"})
         if run.corpus is not None:  # an unknown or repeated name in a join, as train refuses it
             embedded_names(run.corpus.source, "source")
+        if run.task is not None:  # as the cell would refuse it when it starts
+            check_seq_len(run.task, run.train.seq_len)
         if cell.command == "train+analyze":
             analysis = build(AnalysisConfig, {"input": "data", **s.get("analysis", {})}, "analysis")
             analysis.check_model(run.model)

@@ -15,7 +15,7 @@ from typing import Any
 
 from nopelab.config import CorpusConfig, ModelConfig, TrainConfig, build, check_sections
 from nopelab.errors import ConfigError, UserError
-from nopelab.training.task_config import VOCAB, TaskConfig
+from nopelab.training.task_config import VOCAB, TaskConfig, max_line_len
 
 
 def world_size() -> int:
@@ -123,8 +123,6 @@ def assemble_run(
     train = lay_over("train")
     padded = isinstance(data.get("task"), dict) and data["task"].get("layout") == "padded"
     if not resume and padded and "seq_len" not in train:
-        from nopelab.training.tasks import max_line_len
-
         # one line per row: a longer context would only add padding
         train["seq_len"] = max_line_len(build(TaskConfig, data["task"], "config.task"))
     return TrainRun.from_dict(data)

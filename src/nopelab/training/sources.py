@@ -24,7 +24,13 @@ from nopelab.encodings import encoding
 from nopelab.errors import ConfigError
 from nopelab.training import tasks
 from nopelab.training.corpus import TokenStream, load_text, split_text
-from nopelab.training.task_config import VOCAB, TaskConfig
+from nopelab.training.task_config import (
+    VOCAB,
+    TaskConfig,
+    check_seq_len,
+    max_line_len,
+    max_prompt_len,
+)
 from nopelab.training.tokenizer import Tokenizer, get_tokenizer, tokenizer_from_json
 
 IGNORE = tasks.IGNORE  # targets without loss
@@ -76,9 +82,9 @@ class TaskSource:
             digest.update("".join(example.text for example in split).encode() + b"\0")
         self.fingerprint = digest.hexdigest()
         self.eval_samples = eval_samples
-        self.prompt_len = tasks.max_prompt_len(cfg)
+        self.prompt_len = max_prompt_len(cfg)
         self.pad_to = self.prompt_len if cfg.layout == "padded" else None
-        width = tasks.max_line_len(cfg)
+        width = max_line_len(cfg)
         self.rows = {
             "train": self._rows(self.train, seed, width),
             "test": self._rows(self.test, seed, width),
@@ -99,12 +105,7 @@ class TaskSource:
                 "vocab_size",
                 f"tasks use a {self.vocab_size}-character vocabulary, got {model.vocab_size}",
             )
-        longest = tasks.max_line_len(self.cfg)
-        if longest > seq_len:
-            raise ConfigError(
-                "seq_len",
-                f"must hold a whole line of the task ({longest} characters), got {seq_len}",
-            )
+        check_seq_len(self.cfg, seq_len)
         if encoding(model.pos_encoding).table and seq_len > model.max_seq_len:
             raise ConfigError(
                 "max_seq_len",

@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 from nopelab.config import check_choice, check_positive, check_types, setting
 from nopelab.errors import ConfigError
-from nopelab.training.task_kinds import TASK_KINDS, Task
+from nopelab.training.task_kinds import TASK_KINDS, Example, Task
 
 VOCAB = "\n" + "".join(chr(c) for c in range(32, 127))  # token id = index in VOCAB
 Format = Literal["zuo", "plain"]
@@ -117,4 +117,36 @@ class TaskConfig:
         return (
             lo if self.test_min_len is None else self.test_min_len,
             hi if self.test_max_len is None else self.test_max_len,
+        )
+
+
+def _longest_examples(cfg: TaskConfig) -> list[Example]:
+    """Examples holding, between them, the longest prompt, answer and line of the lengths."""
+    k = max(cfg.train_lengths[1], cfg.test_lengths[1])
+    kind = TASK_KINDS[cfg.name]
+    fmt = cfg.resolved_format
+    return [kind.example(ops, fmt, cfg.reversed_answer) for ops in kind.extremes(k)]
+
+
+def max_answer_len(cfg: TaskConfig) -> int:
+    """The longest answer over training and test lengths (without the newline)."""
+    return max(len(e.answer) for e in _longest_examples(cfg))
+
+
+def max_prompt_len(cfg: TaskConfig) -> int:
+    """The longest prompt over training and test lengths."""
+    return max(len(e.prompt) for e in _longest_examples(cfg))
+
+
+def max_line_len(cfg: TaskConfig) -> int:
+    """The longest line ``prompt + answer + "\\n"`` over training and test lengths."""
+    return max(len(e.text) for e in _longest_examples(cfg))
+
+
+def check_seq_len(cfg: TaskConfig, seq_len: int) -> None:
+    """A training row (``seq_len`` characters) must hold the task's longest line."""
+    longest = max_line_len(cfg)
+    if longest > seq_len:
+        raise ConfigError(
+            "seq_len", f"must hold a whole line of the task ({longest} characters), got {seq_len}"
         )

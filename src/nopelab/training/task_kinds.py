@@ -331,18 +331,18 @@ class Parity(_Symbols):
         return Example(f"parity({bits})=", str(bits.count("1") % 2))
 
 
-SCAN_VERBS = {"w": "W", "k": "K", "r": "R", "j": "J"}  # walk, look, run, jump
-SCAN_TURNS = {"<": "<", ">": ">"}  # left, right: the turn's action
+SCAN_VERBS = {"w": "W", "k": "K", "r": "R", "j": "J"}  # walk, look, run, jump: their actions
+SCAN_SIDES = "<>"  # left, right: each also the action of turning that way
 
 
 def _scan_views() -> Iterator[tuple[str, str]]:
     """SCAN's V: a verb, with a direction, opposite or around one (``turn`` is ``t``)."""
     yield from SCAN_VERBS.items()
     for verb, act in [*SCAN_VERBS.items(), ("t", "")]:
-        for side, turn in SCAN_TURNS.items():
-            yield verb + side, turn + act
-            yield verb + "o" + side, turn + turn + act
-            yield verb + "a" + side, (turn + act) * 4
+        for side in SCAN_SIDES:
+            yield verb + side, side + act
+            yield verb + "o" + side, side + side + act
+            yield verb + "a" + side, (side + act) * 4
 
 
 @functools.cache

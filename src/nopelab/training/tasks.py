@@ -122,29 +122,6 @@ def _draw(
     )
 
 
-def _longest_examples(cfg: TaskConfig) -> list[Example]:
-    """Examples holding, between them, the longest prompt, answer and line of the lengths."""
-    k = max(cfg.train_lengths[1], cfg.test_lengths[1])
-    kind = TASK_KINDS[cfg.name]
-    fmt = cfg.resolved_format
-    return [kind.example(ops, fmt, cfg.reversed_answer) for ops in kind.extremes(k)]
-
-
-def max_answer_len(cfg: TaskConfig) -> int:
-    """The longest answer over training and test lengths (without the newline)."""
-    return max(len(e.answer) for e in _longest_examples(cfg))
-
-
-def max_prompt_len(cfg: TaskConfig) -> int:
-    """The longest prompt over training and test lengths."""
-    return max(len(e.prompt) for e in _longest_examples(cfg))
-
-
-def max_line_len(cfg: TaskConfig) -> int:
-    """The longest line ``prompt + answer + "\\n"`` over training and test lengths."""
-    return max(len(e.text) for e in _longest_examples(cfg))
-
-
 # ------------------------------------------------------------------------------ batches
 
 

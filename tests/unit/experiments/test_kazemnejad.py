@@ -31,8 +31,9 @@ from nopelab.experiments.kazemnejad2023.tasks import (
 )
 from nopelab.measure.metrics import adjacency_score_bruteforce, cosine_matrix
 from nopelab.models.transformer import build_model
+from nopelab.training.task_config import max_line_len
 from nopelab.training.task_kinds import TASK_KINDS, Example
-from nopelab.training.tasks import encode, greedy_answers, make_splits, max_line_len
+from nopelab.training.tasks import encode, greedy_answers, make_splits
 
 
 def models(ood: dict[tuple[str, str], list[float]]) -> pd.DataFrame:

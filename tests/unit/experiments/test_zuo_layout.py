@@ -5,7 +5,7 @@ trained one takes it."""
 from __future__ import annotations
 
 from nopelab.experiments.zuo2025 import mastery, probes, trained
-from nopelab.training.tasks import max_line_len
+from nopelab.training.task_config import max_line_len
 
 
 def test_windows_are_zuos_256_characters_with_the_padded_characters_a_step() -> None:

@@ -109,6 +109,9 @@ def test_cells_cross_axes_zip_pairs_and_seeds_multiply() -> None:
         (grid_text("", top="seeds = []"), "seeds", "non-empty"),
         (grid_text("", top="seeds = [0, -1]"), "seeds", "must be an int in 0..9223372036854775807, got -1"),
         ('command = "train"\n[axes]\n"corpus.source" = ["sotu", "sotu+sotu"]', "axes.corpus.source", "'sotu' appears twice"),
+        # copy(aaaaaaaa)=aaaaaaaa and its newline: 24 characters, more than a row holds
+        ('command = "train"\n[base.task]\nname = "copy"\nmax_len = 8\n[base.train]\nseq_len = 16', "base.train.seq_len", "line of the task (24 characters), got 16"),
+        ('command = "train"\n[base.task]\nname = "copy"\nmax_len = 8\n[axes]\n"train.seq_len" = [24, 23]', "axes.train.seq_len", "(24 characters), got 23"),
         (grid_text("[resources]\ncpus_per_cell = 0"), "resources.cpus_per_cell", "> 0"),
         (grid_text("[resources]\nthreads = 2"), "resources.threads", "unknown key"),
     ],
@@ -415,16 +418,17 @@ def test_a_sweep_stopped_while_a_cell_writes_its_results_leaves_no_temporary_fil
 
 @pytest.mark.slow
 def test_a_failing_cell_is_recorded_and_the_others_finish(tmp_path: Path) -> None:
-    """seq_len 8 cannot hold a copy line: that cell fails at run time with one line."""
-    grid = write_grid(tmp_path, grid_text('[axes]\n"train.seq_len" = [8, 32]'))
+    """Copy lines of one letter are 26, fewer than the 200 training lines asked for: the check
+    of the grid does not draw lines, so that cell fails at run time, with one line."""
+    grid = write_grid(tmp_path, grid_text('[axes]\n"task.max_len" = [1, 3]'))
     out = tmp_path / "out"
     done = run_sweep_cli([str(grid), "--out", str(out)], tmp_path)
     assert done.returncode == 1, done.stderr
     assert "1 cells failed" in done.stderr
     (failure,) = (out / "failed").glob("*.txt")
-    assert "seq_len" in failure.read_text() and len(failure.read_text().splitlines()) == 1
+    assert "train_size" in failure.read_text() and len(failure.read_text().splitlines()) == 1
     rows = pd.read_parquet(out / "results")
-    assert list(rows["train.seq_len"]) == [32]
+    assert list(rows["task.max_len"]) == [3]
 
 
 @pytest.mark.slow

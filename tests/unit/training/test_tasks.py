@@ -18,7 +18,17 @@ from nopelab.config import ModelConfig
 from nopelab.errors import ConfigError, UserError
 from nopelab.models.transformer import Transformer
 from nopelab.training import tasks
-from nopelab.training.task_config import LAYOUTS, LOSS_MODES, TASKS, VOCAB, ZUO_TASKS, TaskConfig
+from nopelab.training.task_config import (
+    LAYOUTS,
+    LOSS_MODES,
+    TASKS,
+    VOCAB,
+    ZUO_TASKS,
+    TaskConfig,
+    max_answer_len,
+    max_line_len,
+    max_prompt_len,
+)
 from nopelab.training.task_kinds import TASK_KINDS
 from nopelab.training.tasks import (
     Example,
@@ -28,9 +38,6 @@ from nopelab.training.tasks import (
     greedy_answers,
     left_pad,
     make_splits,
-    max_answer_len,
-    max_line_len,
-    max_prompt_len,
     packed_batch,
 )
 

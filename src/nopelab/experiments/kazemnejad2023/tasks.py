@@ -50,9 +50,9 @@ from nopelab.runtime.jobs import default_workers, run_jobs
 from nopelab.runtime.rundir import write_json
 from nopelab.tables import markdown_table, mean_std
 from nopelab.training.run import TrainRun
-from nopelab.training.task_config import TaskConfig
+from nopelab.training.task_config import TaskConfig, max_line_len
 from nopelab.training.task_kinds import TASK_KINDS, Example
-from nopelab.training.tasks import accuracy, encode, make_splits, max_line_len
+from nopelab.training.tasks import accuracy, encode, make_splits
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "rope", "alibi", "t5")
 LABELS = labels_of(POS_ENCODINGS)
@@ -205,8 +205,8 @@ def train_and_test(run: TrainRun, longest: int, per_length: int, folder: Path) -
 def instances_by_length(
     run: TrainRun, longest: int, per_length: int
 ) -> dict[int, tuple[list[Example], int]]:
-    """Per operand length 1..``longest`` that has instances: :func:`length_test`'s instances for ``run``'s task and
-    seed, and how many of them are training prompts."""
+    """Per operand length 1..``longest`` that has instances: :func:`length_test`'s instances
+    for ``run``'s task and seed, and how many of them are training prompts."""
     task_cfg = run.task_config
     kind, fmt = TASK_KINDS[task_cfg.name], task_cfg.resolved_format
     trained = {e.prompt for e in make_splits(task_cfg, run.train.seed)[0]}

@@ -46,9 +46,8 @@ from nopelab.runtime.device import resolve_device
 from nopelab.runtime.jobs import default_workers, run_jobs
 from nopelab.tables import by_layer, markdown_table, mean_std
 from nopelab.training.run import TrainRun
-from nopelab.training.task_config import Layout, LossMode, TaskConfig
+from nopelab.training.task_config import Layout, LossMode, TaskConfig, max_line_len, max_prompt_len
 from nopelab.training.task_kinds import Task
-from nopelab.training.tasks import max_line_len, max_prompt_len
 
 TASKS: tuple[Task, ...] = ("add", "reverse", "order", "wherex")
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "rope")
