@@ -29,8 +29,8 @@ class TaskConfig:
     """Which task in which format, its lengths and sizes, and how training rows are laid out.
 
     A length is the number of digits of each addend (add), of the digit string (reverse, wherex),
-    of each argument (order), or of the letter or digit string (copy, dup, count, sort, sum,
-    parity). ``None`` means the task's
+    of each argument (order), of the letter or digit string (copy, dup, count, sort, sum,
+    parity), or the number of actions of a SCAN command (scan). ``None`` means the task's
     default (its class in :mod:`nopelab.training.task_kinds`) for training, and the training
     range for testing; ``format = None`` means ``zuo`` where the task has it, else ``plain``.
     """

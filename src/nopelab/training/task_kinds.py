@@ -393,6 +393,7 @@ class Scan(TaskKind):
         return (rng.choice(scan_commands()[k])[0],)
 
     def longest(self, k: int) -> Operands:
+        """The command of the longest line of at most ``k`` actions (some lengths have none)."""
         return self.extremes(k)[2]
 
     @functools.cache  # noqa: B019  # the registry's one instance lives as long as the module

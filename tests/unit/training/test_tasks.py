@@ -262,6 +262,8 @@ def test_scan_has_every_command_of_the_grammar_once() -> None:
     kind = TASK_KINDS["scan"]
     assert {k: kind.count("plain", k) for k in range(1, 49) if kind.count("plain", k)} == lengths
     assert kind.count_in("plain", (1, 48)) == 20_910 and kind.count("plain", 23) == 0
+    answers = {c: kind.example((c,), "plain").answer for c in commands}
+    assert answers == {c: interpret_scan(c) for c in commands}
 
 
 @pytest.mark.parametrize("cfg", VARIANTS, ids=VARIANT_IDS)
@@ -297,7 +299,7 @@ def test_max_lengths_are_reached(cfg: TaskConfig) -> None:
         "sort": f"sort({'a' * k})=",
         "sum": f"sum({'9' * k})=",
         "parity": f"parity({'1' * k})=",
-        "scan": "scan(to<2&to<2)=",  # the longest command; its line is not the longest one
+        "scan": "scan(to<2&to<2)=",  # a longest command; its line is not the longest one
     }[cfg.name]
     if cfg.resolved_format == "zuo":
         longest = "$" * (cfg.name == "add") + longest
