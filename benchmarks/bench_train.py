@@ -80,8 +80,8 @@ from torch import nn
 from nopelab.config import CorpusConfig, ModelConfig, PosEncoding, TrainConfig
 from nopelab.models.transformer import Transformer
 from nopelab.training.run import TrainRun
-from nopelab.training.task_config import TaskConfig
-from nopelab.training.tasks import make_splits, max_line_len
+from nopelab.training.task_config import TaskConfig, max_line_len
+from nopelab.training.tasks import make_splits
 from nopelab.training.train import train
 from timing import best_of
 
