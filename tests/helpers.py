@@ -127,7 +127,7 @@ def _without_timing(value: Any) -> Any:
     return value
 
 
-def assert_matches_reference(run: Path, name: str) -> None:
+def assert_matches_reference(run: Path, name: str, *, any_device: bool = False) -> None:
     """``run``'s summary.json holds the numbers of ``tests/references/NAME.json`` (a smoke
     reproduction at seed 0, stored so that a change of code that moves a number shows), timings
     aside: equal up to float rounding. Another CPU's arithmetic differs in the last digits, which a trained
@@ -135,12 +135,15 @@ def assert_matches_reference(run: Path, name: str) -> None:
     between an Intel and an AMD CPU). The adjacency and norm scores are fractions of pairwise
     comparisons: a last-digit change in a similarity that ties another (left-padded prompts
     repeat one token) flips pairs and moves a sample's score by a few hundredths, so they are
-    compared to an absolute tolerance (:data:`TOLERANCE`)."""
+    compared to an absolute tolerance (:data:`TOLERANCE`). ``any_device``: the run may have been
+    made on another device than the reference (its recorded ``device`` is not compared)."""
     got = _without_timing(json.loads((run / "summary.json").read_text()))
     if dump := os.environ.get("NOPELAB_REFERENCE_DUMP"):  # scripts/reference_spread.py
         Path(dump).mkdir(parents=True, exist_ok=True)
         (Path(dump) / f"{name}.json").write_text(json.dumps(got, indent=1))
     want = json.loads((REFERENCES / f"{name}.json").read_text())
+    if any_device and "device" in want:
+        got["device"] = want["device"]
     assert (where := _first_mismatch(got, want)) is None, f"{name}: {where}"
 
 
