@@ -112,6 +112,31 @@ def test_zuo2025_random_init_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert_matches_reference(out, "zuo2025-random-init")
 
 
+@pytest.mark.slow
+def test_zuo2025_trained_with_some_encodings_trains_and_reports_those(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--encodings none: the four NoPE models, the same as in a run of every encoding, and
+    tables with NoPE's column alone."""
+    some, every = tmp_path / "some", tmp_path / "every"
+    argv = ["zuo2025", "--part", "trained"]
+    reproduce([*argv, "--encodings", "none", "--out", str(some)], monkeypatch)
+    assert sorted(p.name for p in (some / "runs").iterdir()) == [
+        *(f"{task}-none" for task in ("add", "order", "reverse", "wherex")),
+        "wherex-none-stage1",  # smoke's curriculum
+    ]
+    accuracy = pd.read_parquet(some / "accuracy.parquet")
+    assert set(accuracy["pos_encoding"]) == {"none"} and len(accuracy) == 4
+    assert "| task | max_len | step cap | none |\n" in (some / "summary.md").read_text()
+    reproduce([*argv, "--out", str(every)], monkeypatch)
+    both = pd.read_parquet(every / "accuracy.parquet").query("pos_encoding == 'none'")
+    timing = ["train_seconds", "tokens_per_second"]
+    pd.testing.assert_frame_equal(
+        accuracy.drop(columns=timing).reset_index(drop=True),
+        both.drop(columns=timing).reset_index(drop=True),
+    )
+
+
 @pytest.mark.reference
 @pytest.mark.slow
 def test_zuo2025_trained_smoke_interrupted_and_resumed(

@@ -165,6 +165,12 @@ BAD_INPUT = {
         ("zuo2025 --part trained --layout diagonal", "--layout: unknown layout 'diagonal'"),
         ("chi2023 --layout windows", "--layout: only for zuo2025 --part trained"),
         (
+            "zuo2025 --part trained --encodings none,alibi",
+            "--encodings: 'alibi' is not trained here; allowed: none, learned, rope",
+        ),
+        ("zuo2025 --part trained --encodings none,,rope", "--encodings: expected distinct"),
+        ("zuo2025 --part probes --encodings none", "--encodings: only for zuo2025 --part trained"),
+        (
             "haviv2022 --part sizes --tokenizer wordpiece",
             "--tokenizer: unknown tokenizer 'wordpiece'",
         ),

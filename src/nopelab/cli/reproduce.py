@@ -125,6 +125,13 @@ def reproduce(
             "(windows: Zuo et al.'s 256-character windows of the shuffled lines) \\[the scale's]"
         ),
     ] = None,
+    encodings: Annotated[
+        str | None,
+        typer.Option(
+            help=f"{', '.join(taking('encodings'))}: the encodings to train, comma-separated, "
+            "none among them, e.g. none,learned \\[all the part's]"
+        ),
+    ] = None,
     tokenizer: Annotated[
         str | None,
         typer.Option(
@@ -173,11 +180,12 @@ def reproduce(
     resolve_device(device)
     typed = {  # as typed
         "samples": samples, "sizes": sizes, "corpus": corpus, "layout": layout,
-        "tokenizer": tokenizer,
+        "encodings": encodings, "tokenizer": tokenizer,
     }  # fmt: skip
     parsers = {
         "samples": _counts, "sizes": _sizes, "corpus": _corpus,
-        "layout": _one_of(LAYOUTS, "layout"), "tokenizer": _one_of(TOKENIZERS, "tokenizer"),
+        "layout": _one_of(LAYOUTS, "layout"), "encodings": _names,
+        "tokenizer": _one_of(TOKENIZERS, "tokenizer"),
     }  # fmt: skip
     options = {k: parsers[k](f"--{k}", v) for k, v in typed.items() if v is not None}
     for name in options:
@@ -261,6 +269,16 @@ def _one_of(allowed: tuple[str, ...], what: str) -> Callable[[str, str], str]:
         return text
 
     return parse
+
+
+def _names(flag: str, text: str) -> tuple[str, ...]:
+    """Comma-separated names, each once, e.g. ``none,learned`` (the part checks which)."""
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(names) or len(set(names)) != len(names):
+        raise UserError(
+            f"{flag}: expected distinct comma-separated names like none,learned, got {text!r}"
+        )
+    return names
 
 
 def _corpus(flag: str, text: str) -> str:

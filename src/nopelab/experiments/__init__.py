@@ -113,7 +113,7 @@ EXPERIMENTS = {
     "zuo2025": Experiment(
         {
             "random-init": Part("zuo2025.random_init", resumable=True),
-            "trained": Part("zuo2025.trained", resumable=True, options=("layout",)),
+            "trained": Part("zuo2025.trained", resumable=True, options=("layout", "encodings")),
             "probes": Part(
                 "zuo2025.probes", resumable=True, reuses_models=True, options=("layout",)
             ),

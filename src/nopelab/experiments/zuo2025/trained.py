@@ -32,6 +32,7 @@ import pandas as pd
 
 from nopelab import plots
 from nopelab.config import AnalysisConfig, ModelConfig, PosEncoding, Site, TrainConfig
+from nopelab.errors import UserError
 from nopelab.experiments.outputs import model_file, write_outputs
 from nopelab.experiments.scale_files import read_scales, scale_schema
 from nopelab.experiments.summary_template import fill, shape_values
@@ -94,6 +95,7 @@ class Settings:
     stages: dict[tuple[str, str], tuple[TrainRun, ...]]  # its curriculum's earlier stages
     analyses: dict[str, AnalysisConfig]  # task -> Zuo's protocol at that task's prompt length
     workers: int
+    encodings: tuple[PosEncoding, ...] = POS_ENCODINGS  # those trained, in POS_ENCODINGS' order
 
 
 def task_config(scale: Scale, task: Task) -> TaskConfig:
@@ -132,11 +134,19 @@ def train_config(
     )
 
 
-def settings(scale_name: str, seed: int, device: str, layout: Layout | None = None) -> Settings:
-    """``layout``: the rows the models train on (``--layout``), the scale's unless given."""
+def settings(
+    scale_name: str,
+    seed: int,
+    device: str,
+    layout: Layout | None = None,
+    encodings: tuple[str, ...] | None = None,
+) -> Settings:
+    """``layout``: the rows the models train on (``--layout``), the scale's unless given;
+    ``encodings``: the encodings trained (``--encodings``; NoPE among them), all unless given."""
     scale = SCALES[scale_name]
     if layout is not None:
         scale = replace(scale, layout=layout)
+    chosen = chosen_encodings(encodings)
     resolve_device(device)
     runs: dict[tuple[str, str], TrainRun] = {}
     stages: dict[tuple[str, str], tuple[TrainRun, ...]] = {}
@@ -148,7 +158,7 @@ def settings(scale_name: str, seed: int, device: str, layout: Layout | None = No
             (replace(task_cfg, max_len=stage.max_len, train_size=stage.train_size), stage.steps)
             for stage in scale.curriculum.get(task, ())
         ]
-        for pe in POS_ENCODINGS:
+        for pe in chosen:
             # every stage trains the model of the last one (its positions fit the longest line)
             model = ModelConfig(**scale.model, max_seq_len=train_cfg.seq_len, pos_encoding=pe)
             runs[task, pe] = TrainRun(model=model, train=train_cfg, task=task_cfg)
@@ -166,7 +176,20 @@ def settings(scale_name: str, seed: int, device: str, layout: Layout | None = No
             device=device,
         )
     workers = default_workers(device) if scale.workers is None else scale.workers
-    return Settings(scale, runs, stages, analyses, workers)
+    return Settings(scale, runs, stages, analyses, workers, chosen)
+
+
+def chosen_encodings(encodings: tuple[str, ...] | None) -> tuple[PosEncoding, ...]:
+    """``--encodings``' names in :data:`POS_ENCODINGS`' order (all when not given): each one of
+    them, NoPE among them (the part's claim, heat maps and probes are NoPE's)."""
+    if encodings is None:
+        return POS_ENCODINGS
+    allowed, names = ", ".join(POS_ENCODINGS), ",".join(encodings)
+    if unknown := [e for e in encodings if e not in POS_ENCODINGS]:
+        raise UserError(f"--encodings: {unknown[0]!r} is not trained here; allowed: {allowed}")
+    if "none" not in encodings:
+        raise UserError(f"--encodings: must include none (NoPE, the part's subject); got {names}")
+    return tuple(e for e in POS_ENCODINGS if e in encodings)
 
 
 def cost(settings: Settings, key: tuple[str, str]) -> int:
@@ -181,7 +204,7 @@ def run(settings: Settings, out: Path) -> None:
     # encoding (so that the last models to start are short ones); the results do not depend on
     # the order
     order = sorted(
-        settings.runs, key=lambda key: (POS_ENCODINGS.index(key[1]), -cost(settings, key))
+        settings.runs, key=lambda key: (settings.encodings.index(key[1]), -cost(settings, key))
     )
     jobs = [
         training_job(
@@ -247,11 +270,13 @@ def run(settings: Settings, out: Path) -> None:
     )
 
 
-def _score_table(scores: pd.DataFrame, site: str) -> pd.DataFrame:
+def _score_table(
+    scores: pd.DataFrame, site: str, encodings: tuple[PosEncoding, ...]
+) -> pd.DataFrame:
     """Rows (task, encoding, state), columns per layer: adjacency mean ± std at ``site``."""
     frame = scores[scores["site"] == site]
     cells = mean_std(frame["adjacency_mean"], frame["adjacency_std"], digits=(".3f", ".3f"))
-    order = pd.MultiIndex.from_product([TASKS, POS_ENCODINGS, ("init", "trained")])
+    order = pd.MultiIndex.from_product([TASKS, encodings, ("init", "trained")])
     return by_layer(frame, ["task", "pos_encoding", "state"], cells, order).reset_index()
 
 
@@ -261,7 +286,8 @@ def summary_text(settings: Settings, accuracy: pd.DataFrame, scores: pd.DataFram
     first = next(iter(settings.runs.values()))
     m, t, task_cfg = first.model, first.train, first.task_config
     acc = accuracy.pivot(index="task", columns="pos_encoding", values="accuracy")
-    acc = acc.reindex(index=list(TASKS), columns=list(POS_ENCODINGS))
+    encodings = list(settings.encodings)
+    acc = acc.reindex(index=list(TASKS), columns=encodings)
     acc.insert(0, "max_len", [settings.scale.lengths[task] for task in TASKS])
     acc.insert(
         1,
@@ -279,9 +305,7 @@ def summary_text(settings: Settings, accuracy: pd.DataFrame, scores: pd.DataFram
             ]
         )
         table = reached.pivot(index="task", columns="pos_encoding", values="shown")
-        mastery = markdown_table(
-            table.reindex(index=list(TASKS), columns=list(POS_ENCODINGS)).reset_index()
-        )
+        mastery = markdown_table(table.reindex(index=list(TASKS), columns=encodings).reset_index())
     nope = scores[(scores["pos_encoding"] == "none") & (scores["site"] == "attn_heads")]
     trained = nope[nope["state"] == "trained"].groupby("task")["adjacency_mean"].max()
     pattern = ", ".join(f"{task} {trained[task]:.3f}" for task in TASKS if task in trained)
@@ -289,7 +313,7 @@ def summary_text(settings: Settings, accuracy: pd.DataFrame, scores: pd.DataFram
     curriculum = ""
     if len(staged):
         stages = staged.pivot(index="task", columns="pos_encoding", values="curriculum")
-        curriculum = markdown_table(stages.reindex(columns=list(POS_ENCODINGS)).reset_index())
+        curriculum = markdown_table(stages.reindex(columns=encodings).reset_index())
     return fill(
         "zuo2025.trained",
         **shape_values(m),
@@ -311,6 +335,6 @@ def summary_text(settings: Settings, accuracy: pd.DataFrame, scores: pd.DataFram
         mastery_table=mastery,
         curriculum_table=curriculum,
         pattern=pattern,
-        heads_table=markdown_table(_score_table(scores, "attn_heads")),
-        out_table=markdown_table(_score_table(scores, "attn_out")),
+        heads_table=markdown_table(_score_table(scores, "attn_heads", settings.encodings)),
+        out_table=markdown_table(_score_table(scores, "attn_out", settings.encodings)),
     )
