@@ -3,7 +3,8 @@
 NoPE, learned-PE and RoPE models are trained on ``add``, ``reverse``, ``order`` and ``wherex`` in
 Zuo et al.'s formats (``$50+148=891$``, ``rev(...)=``, ``order(...,...)=``, ``wherex(...,x)=``)
 with the nanoGPT recipe (AdamW, weight decay 0.1, beta2 0.99, clip 1.0, warm-up then cosine
-decay), the same budget for every encoding. Each model is analysed at init and after training
+decay), the same budget for every encoding (``--encodings`` trains some of them, NoPE among
+them). Each model is analysed at init and after training
 with Zuo et al.'s protocol: test prompts, one per sequence, left-padded with newlines to the
 task's longest prompt, at ``attn_heads`` (the heads' outputs before the output projection, their
 hook point), ``attn_out`` and ``resid_post``.
