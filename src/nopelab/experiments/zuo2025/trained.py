@@ -96,7 +96,11 @@ class Settings:
     stages: dict[tuple[str, str], tuple[TrainRun, ...]]  # its curriculum's earlier stages
     analyses: dict[str, AnalysisConfig]  # task -> Zuo's protocol at that task's prompt length
     workers: int
-    encodings: tuple[PosEncoding, ...] = POS_ENCODINGS  # those trained, in POS_ENCODINGS' order
+
+    @property
+    def encodings(self) -> tuple[PosEncoding, ...]:
+        """The encodings trained (``--encodings``), in :data:`POS_ENCODINGS`' order."""
+        return tuple(pe for pe in POS_ENCODINGS if (TASKS[0], pe) in self.runs)
 
 
 def task_config(scale: Scale, task: Task) -> TaskConfig:
@@ -177,7 +181,7 @@ def settings(
             device=device,
         )
     workers = default_workers(device) if scale.workers is None else scale.workers
-    return Settings(scale, runs, stages, analyses, workers, chosen)
+    return Settings(scale, runs, stages, analyses, workers)
 
 
 def chosen_encodings(encodings: tuple[str, ...] | None) -> tuple[PosEncoding, ...]:
