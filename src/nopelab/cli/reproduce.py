@@ -272,13 +272,14 @@ def _one_of(allowed: tuple[str, ...], what: str) -> Callable[[str, str], str]:
 
 
 def _names(flag: str, text: str) -> tuple[str, ...]:
-    """Comma-separated names, each once, e.g. ``none,learned`` (the part checks which)."""
-    names = tuple(part.strip() for part in text.split(","))
+    """Comma-separated names, each once, e.g. ``none,learned`` (the part checks which), sorted:
+    the same set typed in another order is the same run (``--resume``)."""
+    names = [part.strip() for part in text.split(",")]
     if not all(names) or len(set(names)) != len(names):
         raise UserError(
             f"{flag}: expected distinct comma-separated names like none,learned, got {text!r}"
         )
-    return names
+    return tuple(sorted(names))
 
 
 def _corpus(flag: str, text: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nopelab.cli.reproduce import _said
+from nopelab.cli.reproduce import _names, _said
 from nopelab.errors import UserError
 from nopelab.experiments import EXPERIMENTS
 from nopelab.experiments.zuo2025 import trained
@@ -43,3 +43,7 @@ def test_naming_every_encoding_is_the_same_run_as_naming_none() -> None:
     part = EXPERIMENTS["zuo2025"].parts["trained"]
     assert _said(part, "smoke", 0, "cpu", {"encodings": ("none", "learned", "rope")}) == {}
     assert _said(part, "smoke", 0, "cpu", {"encodings": ("none",)}) == {"encodings": ("none",)}
+
+
+def test_the_same_encodings_in_another_order_are_the_same_run() -> None:
+    assert _names("--encodings", "learned, none") == _names("--encodings", "none,learned")
