@@ -284,8 +284,10 @@ class Attention(nn.Module):
         mask = bias.to(q.dtype)
         if self.causal:
             mask = mask.masked_fill(~self._causal_mask(q.shape[-2], q.device), float("-inf"))
+        # (1, H, T, T): the CPU's fused kernel takes a 4-D mask only; a 3-D one falls back to
+        # the unfused math kernel, twice as slow (benchmarks/bench_encodings.py)
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=p, scale=self.scale
+            q, k, v, attn_mask=mask[None], dropout_p=p, scale=self.scale
         )
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nopelab.config import POS_ENCODINGS, ModelConfig
 from nopelab.measure.sites import sites_of
@@ -443,6 +444,21 @@ def test_explicit_attention_equals_fused(
     assert len(calls) == 3  # the explicit path really ran, once per layer
     assert fused.abs().max() > 0.1
     assert max_diff(fused, explicit) < tol
+
+
+@pytest.mark.parametrize("pe", ["alibi", "t5"])
+def test_a_position_bias_keeps_the_fused_kernel(pe: str) -> None:
+    """With only the fused (flash) kernel allowed, a biased model still runs: its mask reaches
+    ``scaled_dot_product_attention`` in a shape that kernel takes (4-D), not one that falls back
+    to the math kernel. T5's learned bias is checked without gradients (the fused kernel has no
+    gradient for a mask); ALiBi's fixed one with them, as in training."""
+    model = make_model(pos_encoding=pe, dtype=torch.float32).train()
+    idx = tokens(2, 24)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), torch.set_grad_enabled(pe == "alibi"):
+        out = model(idx)
+    with sdpa_kernel([SDPBackend.MATH]), torch.no_grad():
+        reference = model(idx)
+    assert max_diff(out.detach(), reference) < 1e-5
 
 
 @pytest.mark.parametrize("explicit", [False, True], ids=["fused", "explicit"])
