@@ -273,16 +273,7 @@ def greedy_answers(
     reads its next token at its own position; causal attention never looks right, so every
     row gets what decoding it alone would give. ``model`` must already be on ``device``.
     """
-    if not examples:
-        raise ValueError("greedy_answers needs at least one example")
-    cfg = getattr(model, "cfg", None)
-    if cfg is not None and encoding(cfg.pos_encoding).table:
-        longest = max((pad_to or len(e.prompt)) + len(e.answer) for e in examples)
-        if longest > cfg.max_seq_len:
-            raise UserError(
-                f"decoding needs {longest} positions but the learned position table has "
-                f"max_seq_len={cfg.max_seq_len}; use shorter test lengths or a larger max_seq_len"
-            )
+    _check_examples(model, examples, pad_to)
     was_training = model.training
     model.eval()
     try:
@@ -317,6 +308,73 @@ def _decode_batch(
     return [decode(seq[row, lengths[row] : cursor[row]]) for row in range(len(prompts))]
 
 
+def _check_examples(model: nn.Module, examples: Sequence[Example], pad_to: int | None) -> None:
+    """At least one example, and a learned position table long enough for every line."""
+    if not examples:
+        raise ValueError("decoding needs at least one example")
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and encoding(cfg.pos_encoding).table:
+        longest = max((pad_to or len(e.prompt)) + len(e.answer) for e in examples)
+        if longest > cfg.max_seq_len:
+            raise UserError(
+                f"decoding needs {longest} positions but the learned position table has "
+                f"max_seq_len={cfg.max_seq_len}; use shorter test lengths or a larger max_seq_len"
+            )
+
+
+@torch.no_grad()
+def exact_matches(
+    model: nn.Module,
+    examples: Sequence[Example],
+    *,
+    pad_to: int | None = None,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+) -> list[bool]:
+    """Whether greedy decoding (:func:`greedy_answers`) writes each answer followed by a newline.
+
+    A causal nopelab model is not decoded: greedy decoding writes the answer exactly when, fed
+    the prompt and the answer (teacher forcing), the model's top token at each position of the
+    answer and its newline is that character, for decoding follows the answer while its top
+    tokens do and leaves it at the first that does not. One forward pass a batch then does the
+    work of one per written character. Any other model is decoded.
+    """
+    cfg = getattr(model, "cfg", None)
+    if cfg is None or cfg.bidirectional:
+        written = greedy_answers(
+            model, examples, pad_to=pad_to, batch_size=batch_size, device=device
+        )
+        return [w == e.answer + "\n" for w, e in zip(written, examples, strict=True)]
+    _check_examples(model, examples, pad_to)
+    was_training = model.training
+    model.eval()
+    try:
+        right: list[bool] = []
+        for start in range(0, len(examples), batch_size):
+            right += _teacher_forced(model, examples[start : start + batch_size], pad_to, device)
+    finally:
+        model.train(was_training)
+    return right
+
+
+def _teacher_forced(
+    model: nn.Module, examples: Sequence[Example], pad_to: int | None, device: torch.device | str
+) -> list[bool]:
+    """:func:`exact_matches` of one batch of a causal model, from one forward pass."""
+    prompts = [e.prompt if pad_to is None else left_pad(e.prompt, pad_to) for e in examples]
+    lines = [encode(p + e.answer + "\n") for p, e in zip(prompts, examples, strict=True)]
+    seq = torch.full((len(lines), max(map(len, lines))), NEWLINE, dtype=torch.long)
+    for row, line in enumerate(lines):
+        seq[row, : len(line)] = torch.tensor(line)
+    # position t predicts token t + 1; a row's answer and newline are its tokens from len(prompt)
+    predicted = model(seq[:, :-1].to(device)).argmax(dim=-1).cpu()
+    t = torch.arange(seq.shape[1] - 1)
+    first = torch.tensor([len(p) - 1 for p in prompts])[:, None]
+    last = torch.tensor([len(line) - 2 for line in lines])[:, None]
+    judged = (t >= first) & (t <= last)
+    return ((predicted == seq[:, 1:]) | ~judged).all(dim=1).tolist()
+
+
 def accuracy(
     model: nn.Module,
     examples: Sequence[Example],
@@ -325,8 +383,7 @@ def accuracy(
     batch_size: int = 256,
     device: torch.device | str = "cpu",
 ) -> float:
-    """Exact-match accuracy of greedy decoding (:func:`greedy_answers`): a prediction is right
+    """Exact-match accuracy of greedy decoding (:func:`exact_matches`): a prediction is right
     iff it is the answer followed by a newline."""
-    written = greedy_answers(model, examples, pad_to=pad_to, batch_size=batch_size, device=device)
-    right = sum(w == e.answer + "\n" for w, e in zip(written, examples, strict=True))
-    return right / len(examples)
+    right = exact_matches(model, examples, pad_to=pad_to, batch_size=batch_size, device=device)
+    return sum(right) / len(examples)

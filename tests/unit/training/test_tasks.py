@@ -35,6 +35,7 @@ from nopelab.training.tasks import (
     accuracy,
     decode,
     encode,
+    exact_matches,
     greedy_answers,
     left_pad,
     make_splits,
@@ -676,6 +677,10 @@ def decode_alone(model: nn.Module, example: Example, pad_to: int | None = None) 
     return written
 
 
+def another(character: str) -> str:
+    return "1" if character != "1" else "2"
+
+
 class EarlyNewlines(nn.Module):
     """A transformer whose newline logit is raised after some tokens, so that rows of a batch
     stop at different steps (a random model rarely writes a newline)."""
@@ -703,6 +708,47 @@ def test_batched_decoding_equals_one_by_one(
     assert batched == [decode_alone(model, e, pad_to) for e in examples]
     assert len(set(batched)) > len(examples) // 4  # not one constant answer
     assert any(w.endswith("\n") for w in batched) and any(not w.endswith("\n") for w in batched)
+
+
+@pytest.mark.parametrize("pad_to", [None, 24])
+@pytest.mark.parametrize("pos_encoding", ["none", "learned", "rope", "alibi", "t5"])
+def test_teacher_forcing_judges_as_decoding_does(
+    mixed_examples: list[Example], pos_encoding: str, pad_to: int | None
+) -> None:
+    """A causal model is judged from one teacher-forced pass; each verdict equals what greedy
+    decoding writes. The answers are the model's own writing (right), that writing with its
+    first or last character or its newline changed, and the task's answers."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2, pos_encoding=pos_encoding, init_std=0.3)
+    model = EarlyNewlines(Transformer(cfg)).eval()
+    # a long budget, so that most writings end in a newline of the model's own
+    prompts = [Example(e.prompt, "0" * 12) for e in mixed_examples[::3]]
+    examples = list(mixed_examples[::3])
+    for e, w in zip(prompts, greedy_answers(model, prompts, pad_to=pad_to), strict=True):
+        own = w.removesuffix("\n")
+        examples += [Example(e.prompt, own), Example(e.prompt, own + "7")]
+        if own:  # wrong in the first character only, or in the last only
+            examples += [
+                Example(e.prompt, another(own[0]) + own[1:]),
+                Example(e.prompt, own[:-1] + another(own[-1])),
+            ]
+    decoded = [
+        w == e.answer + "\n"
+        for w, e in zip(greedy_answers(model, examples, pad_to=pad_to), examples, strict=True)
+    ]
+    assert exact_matches(model, examples, pad_to=pad_to, batch_size=16) == decoded
+    assert sum(decoded) >= 8 and not all(decoded)  # both verdicts, many times
+
+
+def test_a_bidirectional_model_is_decoded(
+    mixed_examples: list[Example], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Teacher forcing would show a bidirectional model its answer: it is decoded instead."""
+    monkeypatch.setattr(tasks, "_teacher_forced", lambda *_: pytest.fail("teacher forced"))
+    model = Transformer(ModelConfig(d_model=16, n_layers=1, n_heads=2, bidirectional=True))
+    written = greedy_answers(model, mixed_examples[:8])
+    right = [w == e.answer + "\n" for w, e in zip(written, mixed_examples[:8], strict=True)]
+    assert exact_matches(model, mixed_examples[:8]) == right
 
 
 def test_left_pad() -> None:
