@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -34,6 +35,8 @@ from nopelab.encodings import encoding
 from nopelab.errors import ConfigError, UserError
 from nopelab.training.task_config import VOCAB, TaskConfig
 from nopelab.training.task_kinds import TASK_KINDS, Example
+
+T = TypeVar("T")
 
 NEWLINE = 0  # token id of "\n": line end and left padding
 IGNORE = -100  # target id that cross-entropy skips (PyTorch's default ignore_index)
@@ -274,17 +277,12 @@ def greedy_answers(
     row gets what decoding it alone would give. ``model`` must already be on ``device``.
     """
     _check_examples(model, examples, pad_to)
-    was_training = model.training
-    model.eval()
-    try:
-        written: list[str] = []
-        for start in range(0, len(examples), batch_size):
-            batch = examples[start : start + batch_size]
-            prompts = [e.prompt if pad_to is None else left_pad(e.prompt, pad_to) for e in batch]
-            written += _decode_batch(model, prompts, [len(e.answer) + 1 for e in batch], device)
-    finally:
-        model.train(was_training)
-    return written
+
+    def decode_batch(batch: Sequence[Example]) -> list[str]:
+        budgets = [len(e.answer) + 1 for e in batch]
+        return _decode_batch(model, _prompts(batch, pad_to), budgets, device)
+
+    return _in_eval_batches(model, examples, batch_size, decode_batch)
 
 
 def _decode_batch(
@@ -306,6 +304,28 @@ def _decode_batch(
         cursor += open_
         open_ &= (next_id != NEWLINE) & (cursor - lengths < budget)
     return [decode(seq[row, lengths[row] : cursor[row]]) for row in range(len(prompts))]
+
+
+def _prompts(examples: Sequence[Example], pad_to: int | None) -> list[str]:
+    return [e.prompt if pad_to is None else left_pad(e.prompt, pad_to) for e in examples]
+
+
+def _in_eval_batches(
+    model: nn.Module,
+    examples: Sequence[Example],
+    batch_size: int,
+    each: Callable[[Sequence[Example]], list[T]],
+) -> list[T]:
+    """``each`` over the batches of ``examples``, joined, with ``model`` in eval mode meanwhile."""
+    was_training = model.training
+    model.eval()
+    try:
+        out: list[T] = []
+        for start in range(0, len(examples), batch_size):
+            out += each(examples[start : start + batch_size])
+        return out
+    finally:
+        model.train(was_training)
 
 
 def _check_examples(model: nn.Module, examples: Sequence[Example], pad_to: int | None) -> None:
@@ -346,22 +366,16 @@ def exact_matches(
         )
         return [w == e.answer + "\n" for w, e in zip(written, examples, strict=True)]
     _check_examples(model, examples, pad_to)
-    was_training = model.training
-    model.eval()
-    try:
-        right: list[bool] = []
-        for start in range(0, len(examples), batch_size):
-            right += _teacher_forced(model, examples[start : start + batch_size], pad_to, device)
-    finally:
-        model.train(was_training)
-    return right
+    return _in_eval_batches(
+        model, examples, batch_size, lambda batch: _teacher_forced(model, batch, pad_to, device)
+    )
 
 
 def _teacher_forced(
     model: nn.Module, examples: Sequence[Example], pad_to: int | None, device: torch.device | str
 ) -> list[bool]:
     """:func:`exact_matches` of one batch of a causal model, from one forward pass."""
-    prompts = [e.prompt if pad_to is None else left_pad(e.prompt, pad_to) for e in examples]
+    prompts = _prompts(examples, pad_to)
     lines = [encode(p + e.answer + "\n") for p, e in zip(prompts, examples, strict=True)]
     seq = torch.full((len(lines), max(map(len, lines))), NEWLINE, dtype=torch.long)
     for row, line in enumerate(lines):
