@@ -78,10 +78,15 @@ def probe_mad_with_reference(
 
 
 def perplexity_by_size(
-    ours: pd.DataFrame, published: pd.DataFrame, labels: dict[str, str], path: Path
+    ours: pd.DataFrame,
+    published: pd.DataFrame,
+    labels: dict[str, str],
+    path: Path,
+    unit: str,
 ) -> None:
-    """Perplexity against parameters, ours (seeds' spread as error bars) beside the published
-    table, and each encoding's gap to NoPE in % of NoPE's perplexity, ours solid, theirs dashed."""
+    """Perplexity (per ``unit``: byte or BPE token) against parameters, ours (seeds' spread as
+    error bars) beside the published table, and each encoding's gap to NoPE in % of NoPE's
+    perplexity, ours solid, theirs dashed."""
     fig, axes = pyplot().subplots(1, 3, figsize=(13.5, 3.8), layout="constrained")
     colours = {pe: f"C{i}" for i, pe in enumerate(labels)}
     for pe, rows in ours.groupby("pos_encoding", sort=False):
@@ -102,7 +107,7 @@ def perplexity_by_size(
     for pe, rows in theirs.groupby("pos_encoding", sort=False):
         axes[2].plot(rows["parameters"], rows["gap_percent"], ls="--", marker="s", ms=3,
                      color=colours[pe])  # fmt: skip
-    axes[0].set(title="ours: held-out perplexity per byte", ylabel="perplexity")
+    axes[0].set(title=f"ours: held-out perplexity per {unit}", ylabel="perplexity")
     axes[1].set(title="Haviv et al. Table 2: the Pile, per token")
     axes[2].set(title="gap to NoPE: ours (solid), theirs (dashed)")
     axes[2].set_ylabel("(encoding − NoPE) / NoPE, %")
@@ -115,8 +120,11 @@ def perplexity_by_size(
     save(fig, path)
 
 
-def learning_curves_by_size(curves: pd.DataFrame, labels: dict[str, str], path: Path) -> None:
-    """Held-out loss against tokens seen: a panel per size, a line per encoding (and seed)."""
+def learning_curves_by_size(
+    curves: pd.DataFrame, labels: dict[str, str], path: Path, unit: str
+) -> None:
+    """Held-out loss (nats per ``unit``) against tokens seen: a panel per size, a line per
+    encoding (and seed)."""
     sizes = sorted(curves["size"].unique())
     fig, axes = pyplot().subplots(
         1, len(sizes), figsize=(3.8 * len(sizes), 3.4), squeeze=False, layout="constrained"
@@ -135,6 +143,6 @@ def learning_curves_by_size(curves: pd.DataFrame, labels: dict[str, str], path: 
             title=f"{rows['parameters'].iloc[0] / 1e3:.0f} k parameters",
         )
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("held-out loss (nats per byte)")
+    axes[0][0].set_ylabel(f"held-out loss (nats per {unit})")
     axes[0][0].legend(fontsize=8)
     save(fig, path)

@@ -198,8 +198,10 @@ def run(settings: Settings, out: Path) -> None:
     models, curve = pd.DataFrame(rows), pd.DataFrame(curves)
     table, gaps = size_table(models), gap_table(models)
     published = published_table()
-    figures.perplexity_by_size(table, published, LABELS, out / "sizes.png")
-    figures.learning_curves_by_size(curve, LABELS, out / "curves.png")
+    assert first.run.corpus is not None  # a language model's run
+    unit = "BPE token" if first.run.corpus.tokenizer == "bpe" else "byte"
+    figures.perplexity_by_size(table, published, LABELS, out / "sizes.png", unit)
+    figures.learning_curves_by_size(curve, LABELS, out / "curves.png", unit)
     verdict = verdicts(gaps)
     write_outputs(
         out,
