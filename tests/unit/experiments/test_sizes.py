@@ -3,6 +3,8 @@ perplexities (synthetic tables, worked out by hand)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -83,3 +85,41 @@ def test_gaps_are_paired_by_size_and_seed_and_the_verdict_follows_the_spread() -
     table = size_table(frame).set_index(["size", "pos_encoding"])
     assert table.loc[(1, "none"), "perplexity"] == pytest.approx(11.0)
     assert table.loc[(1, "none"), "seeds"] == 2
+
+
+@pytest.mark.parametrize("unit", ["byte", "BPE token"])
+def test_the_figures_name_the_unit_of_their_perplexity(
+    unit: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A BPE run's perplexity is per token, not per byte: both figures say which."""
+    from nopelab.experiments.haviv2022 import figures
+    from nopelab.experiments.haviv2022.sizes import LABELS, published_table
+
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda fig, path: drawn.append(fig))
+    ours = pd.DataFrame(
+        [
+            {"size": s, "parameters": p, "pos_encoding": pe, "perplexity": x, "perplexity_std": 0.1}
+            for s, p in ((1, 20_000), (2, 70_000))
+            for pe, x in (("none", 9.0), ("learned", 6.0))
+        ]
+    )
+    curves = pd.DataFrame(
+        [
+            {
+                "size": 1,
+                "parameters": 20_000,
+                "pos_encoding": pe,
+                "seed": 0,
+                "tokens": t,
+                "loss": 2.0,
+            }
+            for pe in ("none", "learned")
+            for t in (0, 1000)
+        ]
+    )
+    figures.perplexity_by_size(ours, published_table(), LABELS, tmp_path / "a.png", unit)
+    figures.learning_curves_by_size(curves, LABELS, tmp_path / "b.png", unit)
+    sizes_fig, curves_fig = drawn
+    assert sizes_fig.axes[0].get_title() == f"ours: held-out perplexity per {unit}"
+    assert curves_fig.axes[0].get_ylabel() == f"held-out loss (nats per {unit})"
