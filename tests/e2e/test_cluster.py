@@ -180,9 +180,19 @@ def test_ray_client_addresses_run_the_sweep(cluster: dict[str, Any], tmp_path: P
     """``--address ray://HOST:PORT`` (Ray Client, a cluster driven from another machine)."""
     folder, grid = driver(tmp_path, '["none"]', steps=4)
     address = f"ray://127.0.0.1:{cluster['client_port']}"
-    code, err = finished(sweep(grid, "out", address, folder))
-    assert code == 0, err[-3000:]
+    # Each attempt the head fails to start the client's server can wait out SLOW_START.
+    code, err = finished(sweep(grid, "out", address, folder), timeout=800)
+    assert code == 0, err[-3000:] + client_server_logs(cluster["cluster"])
     assert len(read_results(folder / "out")) == 2
+
+
+def client_server_logs(cluster: Cluster) -> str:
+    """The ends of the head's Ray Client server logs (why a client's server did not start)."""
+    logs = Path(cluster.head_node.get_session_dir_path()) / "logs"
+    return "".join(
+        f"\n== {log.name}\n" + "\n".join(log.read_text().splitlines()[-15:])
+        for log in sorted(logs.glob("ray_client_server*.err"))
+    )
 
 
 @pytest.mark.parametrize("differs", ["version", "code"])

@@ -7,6 +7,7 @@ import hashlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from nopelab.errors import UserError, first_line
@@ -51,7 +52,7 @@ def connect_ray(address: str) -> None:
     os.dup2(devnull, 2)  # Ray's C++ core writes to the file descriptor, not to sys.stderr
     global _connected
     try:
-        start_ray(address)
+        _start_client(address)
         _connected = address
     except Exception as exc:  # ConnectionError, or whatever else Ray raises for a bad cluster
         raise UserError(
@@ -69,6 +70,23 @@ def connect_ray(address: str) -> None:
         ray.shutdown()
         _connected = None
         raise
+
+
+CLIENT_ATTEMPTS = 3  # a Ray Client head can fail to start a client's own server now and then
+
+
+def _start_client(address: str, pause: float = 2.0) -> None:
+    """:func:`start_ray` at ``address``; a Ray Client address whose head answers that it could not
+    start the server of this client (``ConnectionAbortedError``, seen on loaded machines) is
+    asked again, :data:`CLIENT_ATTEMPTS` times in all."""
+    for attempt in range(1, CLIENT_ATTEMPTS + 1):
+        try:
+            start_ray(address)
+            return
+        except ConnectionAbortedError:
+            if not address.startswith("ray://") or attempt == CLIENT_ATTEMPTS:
+                raise
+            time.sleep(pause)
 
 
 def _reason(exc: BaseException) -> str:
