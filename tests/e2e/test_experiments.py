@@ -25,6 +25,7 @@ from nopelab.experiments import train_and_measure as trained_module
 from nopelab.experiments.chi2023 import pretrained as chi2023_pretrained
 from nopelab.experiments.train_and_measure import (
     check_trained,
+    lm_runs,
     stage_folder,
     train_into,
     training_job,
@@ -548,6 +549,29 @@ def test_train_into_runs_a_curriculum_stage_by_stage(tmp_path: Path) -> None:
         check_trained(final, (other_first,), moved)
     with pytest.raises(UserError, match=r"train.init_from = 'wherex-none-stage1', but this run"):
         check_trained(final, (), moved)  # no curriculum any more
+
+
+def test_language_models_keeping_no_checkpoints_write_one_at_every_evaluation(
+    tmp_path: Path,
+) -> None:
+    """A stopped model of a reproduction loses at most one evaluation's steps; how often a model
+    that keeps no checkpoints wrote one is no setting a finished folder is refused for, but
+    which checkpoints a model keeps is."""
+    train_cfg = {"steps": 12, "batch_size": 4, "seq_len": 16}
+    model = {"d_model": 16, "n_layers": 1, "n_heads": 2}
+    run = lm_runs(("none",), model, train_cfg, seed=0, device="cpu", evaluations=4)["none"]
+    assert (run.train.eval_every, run.train.checkpoint_every) == (3, 3)
+    assert not run.train.keep_checkpoints
+    kept = lm_runs(("none",), model, train_cfg, seed=0, device="cpu", kept=2)["none"]
+    assert (kept.train.checkpoint_every, kept.train.keep_checkpoints) == (6, True)
+
+    task = tiny_task_run()
+    train(task, tmp_path / "m", progress=False)
+    every = dataclasses.replace(task.train, checkpoint_every=task.train.steps)
+    check_trained(dataclasses.replace(task, train=every), (), tmp_path / "m")
+    keeping = dataclasses.replace(every, keep_checkpoints=True)
+    with pytest.raises(UserError, match=r"train.checkpoint_every = 2, but this run asks for 6"):
+        check_trained(dataclasses.replace(task, train=keeping), (), tmp_path / "m")
 
 
 def test_a_resumed_job_refuses_a_model_finished_with_other_settings(tmp_path: Path) -> None:

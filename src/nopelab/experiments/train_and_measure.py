@@ -69,15 +69,17 @@ def lm_runs(
 
     ``model`` and ``train_cfg`` hold a scale's ModelConfig and TrainConfig fields; each model is
     evaluated ``evaluations`` times along training, and keeps the weights of ``kept`` evenly
-    spaced checkpoints (:func:`kept_checkpoints`; 0: one checkpoint, at the end). Every model
+    spaced checkpoints (:func:`kept_checkpoints`; 0: none kept, but a checkpoint to continue
+    from at every evaluation, so a stopped model loses at most one evaluation's steps). Every model
     can take 4x the training length, so each is evaluated there too; a learned table's rows
     beyond the training length are never trained.
     """
     steps, seq_len = train_cfg["steps"], train_cfg["seq_len"]
+    eval_every = max(1, steps // evaluations)
     cfg = TrainConfig(
         **train_cfg,
-        eval_every=max(1, steps // evaluations),
-        checkpoint_every=-(-steps // kept) if kept else steps,  # kept of them, the last at the end
+        eval_every=eval_every,
+        checkpoint_every=-(-steps // kept) if kept else eval_every,  # kept: the last at the end
         keep_checkpoints=kept > 0,
         seed=seed,
         device=device,
@@ -180,12 +182,15 @@ def check_trained(run: TrainRun, stages: Sequence[TrainRun], folder: Path) -> No
 
 def _check_finished(asked: TrainRun, folder: Path) -> None:
     """A finished run in ``folder`` must be ``asked``, wherever it ran and wherever the folders
-    have moved since (a curriculum stage's ``init_from`` is compared by folder name)."""
+    have moved since (a curriculum stage's ``init_from`` is compared by folder name); how often
+    a run that keeps no checkpoints wrote one does not change the model (a resumed run retraces
+    the uninterrupted one)."""
     if not (folder / "summary.json").is_file():
         return
-    difference = first_difference(
-        _comparable(read_run(folder)), _comparable(asked), ignore=("train.device",)
+    ignore = ("train.device",) + (
+        () if asked.train.keep_checkpoints else ("train.checkpoint_every",)
     )
+    difference = first_difference(_comparable(read_run(folder)), _comparable(asked), ignore=ignore)
     if difference is not None:
         key, old, new = difference
         raise UserError(
