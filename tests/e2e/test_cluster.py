@@ -117,7 +117,14 @@ def driver(tmp_path: Path, encodings: str, steps: int) -> tuple[Path, Path]:
 
 
 def finished(run: subprocess.Popen, timeout: float = 400) -> tuple[int, str]:
-    _, err = run.communicate(timeout=timeout)
+    """The sweep's exit code and stderr; one still running after ``timeout`` s is killed (its
+    code then is -9 and its stderr ends with a line that says so)."""
+    try:
+        _, err = run.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        _, err = run.communicate()
+        err += f"\n(killed: still running after {timeout:.0f} s)"
     return run.returncode, err
 
 

@@ -569,6 +569,10 @@ def test_language_models_keeping_no_checkpoints_write_one_at_every_evaluation(
     train(task, tmp_path / "m", progress=False)
     every = dataclasses.replace(task.train, checkpoint_every=task.train.steps)
     check_trained(dataclasses.replace(task, train=every), (), tmp_path / "m")
+    # a run an older nopelab stopped (a checkpoint at every other step) goes on as it started
+    train(task, tmp_path / "cut", progress=False, stop_after=4)
+    resumed = train_into(dataclasses.replace(task, train=every), tmp_path / "cut")
+    assert resumed["steps"] == task.train.steps
     keeping = dataclasses.replace(every, keep_checkpoints=True)
     with pytest.raises(UserError, match=r"train.checkpoint_every = 2, but this run asks for 6"):
         check_trained(dataclasses.replace(task, train=keeping), (), tmp_path / "m")

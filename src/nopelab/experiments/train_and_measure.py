@@ -151,9 +151,16 @@ def _train_one(run: TrainRun, folder: Path) -> dict[str, Any]:
         return json.loads((folder / "summary.json").read_text())
     resume = (folder / STATE_FILE).is_file()
     if resume:  # the weights come from the checkpoint: where a curriculum's stage started from
-        # matters no more (the reproduction folder may have been moved since)
-        stored = read_run(folder).train.init_from
-        run = dataclasses.replace(run, train=dataclasses.replace(run.train, init_from=stored))
+        # matters no more (the reproduction folder may have been moved since), nor how often a
+        # run that keeps no checkpoints writes one (a run started by an older nopelab)
+        stored = read_run(folder).train
+        every = (
+            run.train.checkpoint_every if run.train.keep_checkpoints else stored.checkpoint_every
+        )
+        train_cfg = dataclasses.replace(
+            run.train, init_from=stored.init_from, checkpoint_every=every
+        )
+        run = dataclasses.replace(run, train=train_cfg)
     started = folder.is_dir() and any(folder.iterdir())  # stopped before its first checkpoint
     summary = train(run, folder, resume=resume, force=started and not resume, label=folder.name)
     assert summary is not None

@@ -29,15 +29,17 @@ def start_ray(
     on_sigterm = signal.getsignal(signal.SIGTERM)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, private cluster
     os.environ.setdefault("RAY_worker_niceness", "0")  # tasks run at the priority a serial run has
-    ray.init(
-        address=address or "local",  # not a cluster that RAY_ADDRESS or `ray start` named
-        num_cpus=num_cpus if address is None else None,
-        include_dashboard=False,
-        log_to_driver=worker_output,
-        configure_logging=False,
-    )
-    if on_sigterm is not None:  # Ray's driver aborts on SIGTERM; nopelab stops cleanly (exit 130)
-        signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        ray.init(
+            address=address or "local",  # not a cluster that RAY_ADDRESS or `ray start` named
+            num_cpus=num_cpus if address is None else None,
+            include_dashboard=False,
+            log_to_driver=worker_output,
+            configure_logging=False,
+        )
+    finally:  # Ray's driver aborts on SIGTERM, even after a failed init; nopelab stops cleanly
+        if on_sigterm is not None:  # (exit 130)
+            signal.signal(signal.SIGTERM, on_sigterm)
 
 
 _connected: str | None = None  # the cluster connect_ray connected this process to
@@ -73,18 +75,21 @@ def connect_ray(address: str) -> None:
 
 
 CLIENT_ATTEMPTS = 3  # a Ray Client head can fail to start a client's own server now and then
+# What a Ray Client head answers when the server it starts for this client died or never answered
+# (seen on loaded machines); its other refusals (a bad runtime_env, ...) would only come again.
+SERVER_START_FAILED = ("Starting Ray client server failed", "Proxy failed to Connect")
 
 
 def _start_client(address: str, pause: float = 2.0) -> None:
-    """:func:`start_ray` at ``address``; a Ray Client address whose head answers that it could not
-    start the server of this client (``ConnectionAbortedError``, seen on loaded machines) is
-    asked again, :data:`CLIENT_ATTEMPTS` times in all."""
+    """:func:`start_ray` at ``address``; a Ray Client address whose head answers that the server
+    it started for this client failed is asked again, :data:`CLIENT_ATTEMPTS` times in all."""
     for attempt in range(1, CLIENT_ATTEMPTS + 1):
         try:
             start_ray(address)
             return
-        except ConnectionAbortedError:
-            if not address.startswith("ray://") or attempt == CLIENT_ATTEMPTS:
+        except ConnectionAbortedError as exc:
+            transient = any(reason in str(exc) for reason in SERVER_START_FAILED)
+            if not (address.startswith("ray://") and transient) or attempt == CLIENT_ATTEMPTS:
                 raise
             time.sleep(pause)
 

@@ -1,7 +1,11 @@
 """Connecting to a Ray cluster: a Ray Client head that fails to start this client's server is
-asked again, a bounded number of times; other failures are not retried."""
+asked again, a bounded number of times; other failures are not retried, and a failed attempt
+leaves nopelab's SIGTERM handler in place."""
 
 from __future__ import annotations
+
+import signal
+from typing import Any
 
 import pytest
 
@@ -21,7 +25,12 @@ class FlakyRay:
             raise self.error
 
 
-ABORTED = ConnectionAbortedError("Initialization failure from server:\nRuntimeError: failed")
+ABORTED = ConnectionAbortedError(
+    "Initialization failure from server:\nTraceback (most recent call last):\n"
+    "RuntimeError: Starting Ray client server failed. See ray_client_server_23000.err for "
+    "detailed logs."
+)
+REFUSED = ConnectionAbortedError("Initialization failure from server:\nValueError: bad runtime_env")
 
 
 @pytest.fixture
@@ -49,20 +58,50 @@ def test_after_the_last_attempt_connect_ray_refuses_in_one_line(
     assert ray.calls == cluster.CLIENT_ATTEMPTS
     assert str(refused.value) == (
         "--address: cannot connect to a Ray cluster at ray://head:10001: "
-        "Initialization failure from server: RuntimeError: failed"
+        "Initialization failure from server: RuntimeError: Starting Ray client server failed. "
+        "See ray_client_server_23000.err for detailed logs."
     )
 
 
 @pytest.mark.parametrize(
     ("address", "error"),
-    [("head:6379", ABORTED), ("ray://head:10001", ConnectionError("refused"))],
+    [
+        ("head:6379", ABORTED),
+        ("ray://head:10001", ConnectionError("refused")),
+        ("ray://head:10001", REFUSED),
+    ],
 )
 def test_other_failures_are_not_retried(
     address: str, error: Exception, monkeypatch: pytest.MonkeyPatch, no_pause: None
 ) -> None:
-    """A cluster address that is not Ray Client's, or an address nobody answers at."""
+    """A cluster address that is not Ray Client's, an address nobody answers at, or a head that
+    refuses this client for a reason that a second attempt would meet again."""
     ray = FlakyRay(1, error)
     monkeypatch.setattr(cluster, "start_ray", ray)
     with pytest.raises(type(error)):
         cluster._start_client(address)
     assert ray.calls == 1
+
+
+def test_a_failed_connection_leaves_the_sigterm_handler_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray's init sets its own SIGTERM handler (the driver aborts) before it connects; a failed
+    attempt must not leave it behind for the retry to keep."""
+    ray = pytest.importorskip("ray")
+
+    def failing_init(**kwargs: Any) -> None:
+        signal.signal(signal.SIGTERM, lambda *args: None)  # what Ray's init does first
+        raise ABORTED
+
+    def ours(*args: Any) -> None: ...
+
+    monkeypatch.setattr(ray, "init", failing_init)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        with pytest.raises(ConnectionAbortedError):
+            cluster.start_ray("ray://head:10001")
+        assert signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        signal.signal(signal.SIGTERM, before)
