@@ -725,3 +725,19 @@ def test_chi2023_probe_study_smoke_and_its_resume(
     assert (out / "inputs" / "random" / "probes.parquet").stat().st_mtime_ns == kept
     again = pd.read_parquet(out / "probes.parquet")
     pd.testing.assert_frame_equal(again.drop(columns="seconds"), probes.drop(columns="seconds"))
+
+    # interrupted inside an input, after some of its sites and layers: --resume fits only the rest
+    random = out / "inputs" / "random"
+    for name in ("probes.parquet", "summary.json", "summary.md"):
+        (out / name).unlink()
+    for name in ("done.json", "probes.parquet", "fits/resid_post-2.parquet"):
+        (random / name).unlink()
+    fitted = {p.name: p.stat().st_mtime_ns for p in (random / "fits").iterdir()}
+    assert sorted(fitted) == ["attn_out-1.parquet", "attn_out-2.parquet", "resid_post-1.parquet"]
+    reproduce(["chi2023", "--part", "probe-study", "--out", str(out), "--resume"], monkeypatch)
+    assert {
+        p.name: p.stat().st_mtime_ns for p in (random / "fits").iterdir() if p.name in fitted
+    } == fitted
+    assert (random / "fits" / "resid_post-2.parquet").is_file()
+    again = pd.read_parquet(out / "probes.parquet")
+    pd.testing.assert_frame_equal(again.drop(columns="seconds"), probes.drop(columns="seconds"))

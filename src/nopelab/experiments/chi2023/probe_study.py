@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from nopelab.probing.probes import fit_probe, fixed_splits, position_targets, su
 from nopelab.runtime.device import resolve_device
 from nopelab.runtime.jobs import Job, default_workers, run_jobs
 from nopelab.runtime.progress import progress, stage
+from nopelab.runtime.rundir import replace_atomically
 from nopelab.tables import markdown_table, mean_std
 
 SIGMA = 0.02
@@ -212,53 +214,89 @@ def _mean_square_norm(acts: np.ndarray, chunk: int = 64) -> np.ndarray:
 
 def probe_input(s: Settings, kind: str, folder: Path) -> None:
     """One input kind: collect the activations, fit every probe, write ``probes.parquet`` and
-    ``norms.parquet`` into ``folder``."""
+    ``norms.parquet`` into ``folder``.
+
+    Each site and layer's fits are kept as they finish (``fits/SITE-LAYER.parquet``), so a job
+    stopped part way collects the activations again but fits only the sites and layers left."""
+    fits = folder / "fits"
+    fits.mkdir(exist_ok=True)
+    probed: list[SiteKey] = [(site, i) for site in SITES for i in s.layers]
+    todo = [key for key in probed if not (fits / _fit_name(key)).is_file()]
+    norms_file = folder / "norms.parquet"
+    if len(todo) < len(probed):
+        stage(
+            f"probe study, {kind} inputs: {len(probed) - len(todo)} of {len(probed)} sites "
+            "and layers fitted before"
+        )
+    if todo or not norms_file.is_file():
+        _fit(s, kind, todo, fits, norms_file)
+    probes = pd.concat([pd.read_parquet(fits / _fit_name(key)) for key in probed])
+    probes.to_parquet(folder / "probes.parquet", index=False)
+
+
+def _fit_name(key: SiteKey) -> str:
+    return f"{key[0]}-{key[1]}.parquet"
+
+
+def _fit(s: Settings, kind: str, todo: list[SiteKey], fits: Path, norms_file: Path) -> None:
+    """Collect one input kind's activations at the sites and layers of ``todo`` (and those the
+    norms need), write the norms, then fit each of ``todo`` and write its rows."""
     device = resolve_device(s.device)
     model = build_model(s.model, s.seed).to(device)  # the same weights for every input
-    keys: list[SiteKey] = [("embed", 0)] + [(site, i) for site in SITES for i in s.layers]
+    norm_keys: list[SiteKey] = [("embed", 0), ("attn_out", 1)]
+    keys = list(dict.fromkeys(norm_keys + todo))
     n_train, n, T = max(s.samples), s.sequences, s.seq_len
     line = f"probe study, {kind} inputs: collecting {n} sequences of {T}"
     with progress(line, n, label=f"{kind}: collect") as advance:
         acts = collect(model, keys, _batches(s, kind), n, T, s.probe.memory_gb, advance)
     targets = position_targets(n, T, "position")
     test = torch.arange(n_train, n)
-    rows: list[dict[str, Any]] = []
     with acts:
-        norms = norms_by_position(acts.arrays[("embed", 0)], acts.arrays[("attn_out", 1)])
-        for site, layer in keys[1:]:
+        norms = norms_by_position(*(acts.arrays[key] for key in norm_keys))
+        replace_atomically(norms_file, partial(norms.to_parquet, index=False))
+        for site, layer in todo:
             stage(f"probe study, {kind} inputs: fitting probes at {site} layer {layer}")
             values = torch.from_numpy(np.array(acts.arrays[(site, layer)]))  # into memory
-            for features in FEATURES:
-                X = feature_matrix(values, features)
-                for count in s.samples:
-                    splits = fixed_splits(torch.arange(count), test, s.probe.seeds)
-                    for probe in PROBES:
-                        start = time.perf_counter()
-                        results = fit_probe(
-                            probe,
-                            X,
-                            targets,
-                            splits,
-                            s.probe,
-                            s.seed,
-                            device,
-                            label=f"{features} at {site} layer {layer}",
-                        )
-                        rows.append(
-                            {
-                                "input": kind,
-                                "site": site,
-                                "layer": layer,
-                                "features": features,
-                                "probe": probe,
-                                "samples": count,
-                                **summarize(results),
-                                "seconds": time.perf_counter() - start,
-                            }
-                        )
+            rows = _fit_site(s, kind, (site, layer), values, targets, test, device)
+            replace_atomically(
+                fits / _fit_name((site, layer)), partial(rows.to_parquet, index=False)
+            )
             del values
-    pd.DataFrame(rows).to_parquet(folder / "probes.parquet", index=False)
-    norms.to_parquet(folder / "norms.parquet", index=False)
+
+
+def _fit_site(
+    s: Settings,
+    kind: str,
+    key: SiteKey,
+    values: torch.Tensor,
+    targets: torch.Tensor,
+    test: torch.Tensor,
+    device: torch.device,
+) -> pd.DataFrame:
+    """Every feature set, training count and probe at one site and layer: a row each."""
+    site, layer = key
+    rows: list[dict[str, Any]] = []
+    for features in FEATURES:
+        X = feature_matrix(values, features)
+        for count in s.samples:
+            splits = fixed_splits(torch.arange(count), test, s.probe.seeds)
+            for probe in PROBES:
+                start = time.perf_counter()
+                label = f"{features} at {site} layer {layer}"
+                results = fit_probe(probe, X, targets, splits, s.probe, s.seed, device, label=label)
+                rows.append(
+                    {
+                        "input": kind,
+                        "site": site,
+                        "layer": layer,
+                        "features": features,
+                        "probe": probe,
+                        "samples": count,
+                        **summarize(results),
+                        "seconds": time.perf_counter() - start,
+                    }
+                )
+    return pd.DataFrame(rows)
 
 
 def run(s: Settings, out: Path) -> None:
