@@ -54,7 +54,7 @@ PROBES: tuple[Probe, ...] = ("linear-cls", "mlp-cls")
 SHAPE_PROBE = "mlp-cls"  # the probe drawn against the published curves
 SITES: tuple[Site, ...] = ("embed", "resid_post")
 
-# Haviv et al. 2022 (published/haviv2022.toml, with the figure and table of each): the probe's
+# Haviv et al. 2022 (haviv2022/published.toml, with the figure and table of each): the probe's
 # MAD per layer of their 1.3B models (24 layers, the Pile, T = 1024) and WikiText-103 perplexity
 _PUBLISHED = read_published("haviv2022")
 PUBLISHED_LAYERS: int = _PUBLISHED["probe"]["layers"]

@@ -39,7 +39,7 @@ from nopelab.training.sources import load_tokenizer
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "rope", "alibi")
 LABELS = labels_of(POS_ENCODINGS)
 
-# Haviv et al. 2022, Table 2 (published/haviv2022.toml): validation perplexity on the Pile
+# Haviv et al. 2022, Table 2 (haviv2022/published.toml): validation perplexity on the Pile
 # (1024 tokens) by model size
 _TABLE_2 = read_published("haviv2022")["sizes"]
 PUBLISHED_SIZES: dict[str, float] = _TABLE_2["parameters"]

@@ -56,7 +56,7 @@ from nopelab.training.tasks import accuracy, encode, make_splits
 
 POS_ENCODINGS: tuple[PosEncoding, ...] = ("none", "learned", "sinusoidal", "rope", "alibi", "t5")
 LABELS = labels_of(POS_ENCODINGS)
-# Kazemnejad et al. 2023, Figure 1 (published/kazemnejad2023.toml): mean reciprocal rank over
+# Kazemnejad et al. 2023, Figure 1 (kazemnejad2023/published.toml): mean reciprocal rank over
 # ten tasks; "absolute" (0.22) stands for both absolute encodings here
 _MRR = read_published("kazemnejad2023")["mrr"]
 PUBLISHED_MRR: dict[str, float] = {pe: _MRR[pe] for pe in POS_ENCODINGS}
