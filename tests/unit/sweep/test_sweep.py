@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from nopelab.errors import ConfigError, UserError
+from nopelab.runtime.jobs import DONE
 from nopelab.runtime.rundir import locked
 from nopelab.sweep.engine import prepare
 from nopelab.sweep.grid import parse_grid, read_grid
@@ -343,14 +344,23 @@ def test_interrupted_sweep_resumes_without_running_a_cell_twice(tmp_path: Path) 
     out = tmp_path / "out"
     command = [sys.executable, "-m", "nopelab", "sweep", str(grid), "--out", str(out)]
     first = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+
+    # a cell is finished once its folder holds the runner's done marker, written just after its
+    # results file: a cell stopped between the two is not finished and runs again
+    def finished() -> set[str]:
+        return {p.parent.name for p in (out / "cells").glob(f"*/{DONE}")}
+
     deadline = time.monotonic() + 300
-    while len(list((out / "results").glob("*.parquet"))) < 2 and time.monotonic() < deadline:
+    while len(finished()) < 2 and time.monotonic() < deadline:
         assert first.poll() is None, first.stderr.read()
         time.sleep(0.2)
     first.send_signal(signal.SIGINT)
     assert first.wait(timeout=120) == 130
     assert "finished cells are kept" in first.stderr.read()
-    kept = {p.name: p.stat().st_mtime_ns for p in (out / "results").glob("*.parquet")}
+    kept = {
+        f"{key}.parquet": (out / "results" / f"{key}.parquet").stat().st_mtime_ns
+        for key in finished()
+    }
     assert 2 <= len(kept) < 8
 
     second = run_sweep_cli([str(grid), "--out", str(out)], tmp_path)
