@@ -55,6 +55,13 @@ def test_chi2023_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "d²σ⁴" in text and "first/last" in text
     for name in ("variance.png", "attention.png", "attention.parquet", "cosine.npz"):
         assert (out / name).exists()
+    # layer 1's attention in summary.json, as summary.md writes it: d = 64, sigma = 0.02, 4 heads
+    attention = json.loads((out / "summary.json").read_text())["layer1_attention"]
+    assert attention["logit_variance_theory"] == pytest.approx(64**2 * 0.02**4)
+    assert attention["logit_variance_paper"] == pytest.approx(64**2 * 0.02**4 / 4)
+    assert attention["logit_variance"] == pytest.approx(64**2 * 0.02**4, rel=0.1)
+    assert 0.99 < attention["entropy_ratio_min"] <= attention["entropy_ratio_last"] <= 1
+    assert f"{attention['logit_variance']:.4g}; our derivation" in text
     assert_matches_reference(out, "chi2023-random-init")
 
     # the position probes on the frozen random model

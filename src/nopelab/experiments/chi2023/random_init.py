@@ -184,7 +184,7 @@ def run(settings: Settings, out: Path) -> None:
     result = analyze_model(model, cfg.analysis, "chi2023")
     seconds = time.perf_counter() - start
     stage("chi2023: writing the statistics' tables and figures")
-    write_analysis(out, cfg, result, seconds, title="Chi et al. 2023 (random init)")
+    summary = write_analysis(out, cfg, result, seconds, title="Chi et al. 2023 (random init)")
     start = time.perf_counter()
     rows = probe_model(model, settings.probe_analysis, settings.probe, description="chi2023 probes")
     probe_seconds = time.perf_counter() - start
@@ -200,10 +200,24 @@ def run(settings: Settings, out: Path) -> None:
 
     table = theory_table(cfg, result.sites[("attn_out", 1)].variance)
     layers = decay_table(result)
-    text = summary_text(
-        settings, seconds, table, layers, probes, probe_seconds, result.attention[1]
-    )
-    write_outputs(out, {"probes": probes, "theory": table}, text)  # summary.json: write_analysis
+    attention = first_layer_attention(result.attention[1], m)
+    text = summary_text(settings, seconds, table, layers, probes, probe_seconds, attention)
+    summary["layer1_attention"] = attention
+    write_outputs(out, {"probes": probes, "theory": table}, text, summary)
+
+
+def first_layer_attention(attention: AttentionResult, m: ModelConfig) -> dict[str, float]:
+    """Layer 1's scaled logit variance (mean over query positions) beside our closed form
+    d²σ⁴ and the paper write-up's d²σ⁴/H, and its attention entropy over log m: the smallest
+    over m ≥ 2 and the one at m = T (1 is uniform attention)."""
+    entropy_ratio = attention.entropy[1:] / attention.uniform_entropy[1:]
+    return {
+        "logit_variance": float(attention.logit_variance[1:].mean()),
+        "logit_variance_theory": theory.logit_variance(m.d_model, m.init_std),
+        "logit_variance_paper": theory.paper_logit_variance(m.d_model, m.init_std, m.n_heads),
+        "entropy_ratio_min": float(entropy_ratio.min()),
+        "entropy_ratio_last": float(entropy_ratio[-1]),
+    }
 
 
 def summary_text(
@@ -213,11 +227,11 @@ def summary_text(
     layers: pd.DataFrame,
     probes: pd.DataFrame,
     probe_seconds: float,
-    attention: AttentionResult,
+    attention: dict[str, float],
 ) -> str:
-    """``summary.md``: the theory table, the per-layer decay, the probes, layer 1's attention."""
+    """``summary.md``: the theory table, the per-layer decay, the probes, layer 1's attention
+    (:func:`first_layer_attention`)."""
     cfg, m = settings.cfg, settings.cfg.model
-    entropy_ratio = attention.entropy[1:] / attention.uniform_entropy[1:]
     T = cfg.analysis.seq_len
     pa, p = settings.probe_analysis, settings.probe
     return fill(
@@ -241,9 +255,9 @@ def summary_text(
         probe_seconds=f"{probe_seconds:.1f}",
         probe_table=markdown_table(probe_table(probes)),
         probe_verdict=probe_verdict(probes, m),
-        logit_measured=f"{float(attention.logit_variance[1:].mean()):.4g}",
-        logit_theory=f"{theory.logit_variance(m.d_model, m.init_std):.4g}",
-        logit_paper=f"{theory.paper_logit_variance(m.d_model, m.init_std, m.n_heads):.4g}",
-        entropy_min=f"{entropy_ratio.min():.4f}",
-        entropy_last=f"{entropy_ratio[-1]:.4f}",
+        logit_measured=f"{attention['logit_variance']:.4g}",
+        logit_theory=f"{attention['logit_variance_theory']:.4g}",
+        logit_paper=f"{attention['logit_variance_paper']:.4g}",
+        entropy_min=f"{attention['entropy_ratio_min']:.4f}",
+        entropy_last=f"{attention['entropy_ratio_last']:.4f}",
     )
